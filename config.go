@@ -1,0 +1,138 @@
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The seed's two layers.
+const (
+	DefaultAuthMax      = 30
+	DefaultAuthWindow   = 60 * time.Second
+	DefaultGlobalMax    = 200
+	DefaultGlobalWindow = 60 * time.Second
+)
+
+// DefaultAuthPaths are the paths the auth layer counts by default.
+func DefaultAuthPaths() []string {
+	return []string{"/login", "/register", "/forgot-password", "/reset-password", "/logout"}
+}
+
+// DefaultGlobalExemptPaths are the paths the global layer never counts by default: health
+// checks, static assets, well-known probes and avatars.
+func DefaultGlobalExemptPaths() []string {
+	return []string{"/health", "/assets/*", "/.well-known/*", "/avatars/*"}
+}
+
+// Config describes the seed's two layers. Each is a full [Options]: set a Store on both (or on
+// either) before calling [NewLayers]; a layer without a store fails open.
+type Config struct {
+	Auth   Options
+	Global Options
+}
+
+// DefaultConfig returns the seed's layers, without a store: auth counts 30 requests per 60 s on
+// [DefaultAuthPaths]; global counts 200 per 60 s on every path but [DefaultGlobalExemptPaths].
+func DefaultConfig() Config {
+	return Config{
+		Auth: Options{
+			Scope:  "auth",
+			Max:    DefaultAuthMax,
+			Window: DefaultAuthWindow,
+			Paths:  DefaultAuthPaths(),
+		},
+		Global: Options{
+			Scope:       "global",
+			Max:         DefaultGlobalMax,
+			Window:      DefaultGlobalWindow,
+			ExemptPaths: DefaultGlobalExemptPaths(),
+		},
+	}
+}
+
+// The environment variables [ConfigFromEnv] reads. Windows are whole seconds.
+const (
+	EnvGlobalMax    = "RATE_LIMIT_GLOBAL_MAX"
+	EnvGlobalWindow = "RATE_LIMIT_GLOBAL_WINDOW"
+	EnvAuthMax      = "RATE_LIMIT_AUTH_MAX"
+	EnvAuthWindow   = "RATE_LIMIT_AUTH_WINDOW"
+)
+
+// ConfigFromEnv returns [DefaultConfig] with the RATE_LIMIT_* variables applied. lookup is
+// usually [os.LookupEnv]. An unset variable keeps its default; a max of 0 (or less) disables its
+// layer; a value that is not a whole number, or a window that is not positive, is an error naming
+// the variable and the value. All problems are reported together.
+func ConfigFromEnv(lookup func(string) (string, bool)) (Config, error) {
+	cfg := DefaultConfig()
+	errs := []error{
+		envInt(lookup, EnvAuthMax, &cfg.Auth.Max),
+		envSeconds(lookup, EnvAuthWindow, &cfg.Auth.Window),
+		envInt(lookup, EnvGlobalMax, &cfg.Global.Max),
+		envSeconds(lookup, EnvGlobalWindow, &cfg.Global.Window),
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// envWhole reads a whole number from the variable name; set is false when it is unset.
+func envWhole(lookup func(string) (string, bool), name string) (n int, raw string, set bool, err error) {
+	raw, set = lookup(name)
+	if !set {
+		return 0, "", false, nil
+	}
+	n, err = strconv.Atoi(strings.TrimSpace(raw))
+	if err != nil {
+		return 0, raw, true, fmt.Errorf("ratelimit: %s=%q is not a whole number", name, raw)
+	}
+	return n, raw, true, nil
+}
+
+func envInt(lookup func(string) (string, bool), name string, dst *int) error {
+	n, _, set, err := envWhole(lookup, name)
+	if set && err == nil {
+		*dst = n
+	}
+	return err
+}
+
+func envSeconds(lookup func(string) (string, bool), name string, dst *time.Duration) error {
+	sec, raw, set, err := envWhole(lookup, name)
+	switch {
+	case !set || err != nil:
+		return err
+	case sec <= 0:
+		return fmt.Errorf("ratelimit: %s=%q must be a positive number of seconds", name, raw)
+	case sec > maxWindowSeconds:
+		return fmt.Errorf("ratelimit: %s=%q is longer than 365 days", name, raw)
+	}
+	*dst = time.Duration(sec) * time.Second
+	return nil
+}
+
+// Layers holds the seed's two layers.
+type Layers struct {
+	Auth   *Limiter
+	Global *Limiter
+}
+
+// NewLayers builds both layers of cfg, reporting the problems of both together.
+func NewLayers(cfg Config) (*Layers, error) {
+	auth, authErr := New(cfg.Auth)
+	global, globalErr := New(cfg.Global)
+	if err := errors.Join(authErr, globalErr); err != nil {
+		return nil, err
+	}
+	return &Layers{Auth: auth, Global: global}, nil
+}
+
+// Handler mounts both layers on one handler: global outside, auth inside. Because the auth layer
+// counts only its own paths, this is the same as mounting auth on the auth routes alone.
+func (l *Layers) Handler(next http.Handler) http.Handler {
+	return l.Global.Handler(l.Auth.Handler(next))
+}

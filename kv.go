@@ -1,0 +1,249 @@
+package ratelimit
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"time"
+)
+
+// KV is the storage contract of the seed: a key-value store with expiring entries, such as
+// Cloudflare Workers KV. It may be eventually consistent; through a plain KV the limiter does a
+// read, then a write, so concurrent requests can under-count (see [Counter] for exact counting).
+//
+// Implementations must be safe for simultaneous use by multiple goroutines and must return promptly
+// once ctx is done: the limiter bounds every request's time in the store with ctx's deadline.
+type KV interface {
+	// Get returns the value stored under key. ok is false, with a nil error, when the key is
+	// absent or has expired.
+	Get(ctx context.Context, key string) (value []byte, ok bool, err error)
+	// Put stores value under key. The store may forget the entry once ttl has passed; ttl is
+	// always positive.
+	Put(ctx context.Context, key string, value []byte, ttl time.Duration) error
+}
+
+// Counter is implemented by stores that can count atomically. When a layer's store implements
+// Counter, the limiter uses Increment instead of the KV read and write, and counting is exact
+// under any concurrency.
+//
+// The limiter owns the window arithmetic: window is the start of the current fixed window,
+// identical for every caller that counts the same window, and a store only compares it for
+// equality. Implementations must be safe for simultaneous use by multiple goroutines and must
+// return promptly once ctx is done.
+type Counter interface {
+	// Increment adds one to the count of key for the window that starts at window and returns
+	// the count including this call. A stored count that belongs to any other window is
+	// discarded first, so each window starts from zero. The store keeps the count for at least
+	// ttl after the call.
+	Increment(ctx context.Context, key string, window time.Time, ttl time.Duration) (count int64, err error)
+}
+
+// MemoryKV is an in-process store that implements both [KV] and [Counter]. Counting through it is
+// exact under any concurrency. Entries expire at their TTL and the memory they held is given back,
+// so a flood of distinct clients costs memory only while their windows last. It suits a single
+// instance, local development and unit tests of handlers; several instances need a shared store.
+//
+// The zero value is ready to use and reads the time with [time.Now]; [NewMemoryKV] can inject a
+// clock. A MemoryKV is safe for simultaneous use by multiple goroutines and must not be copied
+// after first use. Counters written by Increment and values written by Put are kept apart, even
+// under the same key.
+type MemoryKV struct {
+	now    func() time.Time
+	shards [memoryShards]memoryShard
+}
+
+// MemoryOption configures a [MemoryKV] built by [NewMemoryKV].
+type MemoryOption func(*MemoryKV)
+
+// WithClock makes a [MemoryKV] read the time from now instead of [time.Now], so that tests can
+// expire entries without sleeping.
+func WithClock(now func() time.Time) MemoryOption {
+	return func(m *MemoryKV) { m.now = now }
+}
+
+// NewMemoryKV returns an empty [MemoryKV].
+func NewMemoryKV(opts ...MemoryOption) *MemoryKV {
+	m := &MemoryKV{}
+	for _, opt := range opts {
+		opt(m)
+	}
+	return m
+}
+
+// Compile-time checks that MemoryKV satisfies both store contracts.
+var (
+	_ KV      = (*MemoryKV)(nil)
+	_ Counter = (*MemoryKV)(nil)
+)
+
+const (
+	// memoryShards spreads keys over independent locks, so that parallel requests for different
+	// clients rarely wait for each other.
+	memoryShards = 64
+	// sweepEvery is how often, at most, a shard walks its entries to drop expired ones. The walk
+	// happens on a write, so a shard nobody writes to keeps its memory until the next write.
+	sweepEvery = int64(5 * time.Second)
+	// shrinkBelow: once a map holds fewer than 1/shrinkBelow of the entries it once held, it is
+	// rebuilt, because a Go map never returns the buckets of deleted entries.
+	shrinkBelow = 4
+	// shrinkMin keeps small maps from being rebuilt over and over.
+	shrinkMin = 1024
+)
+
+type counterEntry struct {
+	window  int64 // window start, Unix nanoseconds
+	expires int64 // Unix nanoseconds
+	count   int64
+}
+
+type valueEntry struct {
+	value   []byte
+	expires int64 // Unix nanoseconds
+}
+
+type memoryShard struct {
+	mu           sync.Mutex
+	counters     map[string]counterEntry
+	values       map[string]valueEntry
+	countersPeak int
+	valuesPeak   int
+	nextSweep    int64
+	_            [64]byte // keeps neighbouring shards' locks off one cache line
+}
+
+func (m *MemoryKV) clock() int64 {
+	if m.now == nil {
+		return time.Now().UnixNano()
+	}
+	return m.now().UnixNano()
+}
+
+// shardOf hashes key with FNV-1a; it takes strings and byte slices alike without converting.
+func shardOf[K string | []byte](key K) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h % memoryShards)
+}
+
+// Get implements [KV]. It returns a copy of the stored value.
+func (m *MemoryKV) Get(_ context.Context, key string) ([]byte, bool, error) {
+	now := m.clock()
+	s := &m.shards[shardOf(key)]
+	s.mu.Lock()
+	e, ok := s.values[key]
+	s.mu.Unlock()
+	if !ok || e.expires <= now {
+		return nil, false, nil
+	}
+	return bytes.Clone(e.value), true, nil
+}
+
+// Put implements [KV]. It stores a copy of value. A ttl that is not positive removes the key.
+func (m *MemoryKV) Put(_ context.Context, key string, value []byte, ttl time.Duration) error {
+	now := m.clock()
+	s := &m.shards[shardOf(key)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweep(now)
+	if ttl <= 0 {
+		delete(s.values, key)
+		return nil
+	}
+	if s.values == nil {
+		s.values = make(map[string]valueEntry)
+	}
+	s.values[key] = valueEntry{value: bytes.Clone(value), expires: now + int64(ttl)}
+	s.valuesPeak = max(s.valuesPeak, len(s.values))
+	return nil
+}
+
+// Increment implements [Counter]. It never fails.
+func (m *MemoryKV) Increment(_ context.Context, key string, window time.Time, ttl time.Duration) (int64, error) {
+	return increment(m, key, window.UnixNano(), ttl), nil
+}
+
+// increment is the allocation-free path the limiter takes when its store is a MemoryKV: the key
+// is a byte slice on the caller's stack and is copied into a string only for a new entry.
+func increment[K string | []byte](m *MemoryKV, key K, window int64, ttl time.Duration) int64 {
+	now := m.clock()
+	s := &m.shards[shardOf(key)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.counters[string(key)]
+	if !ok || e.window != window || e.expires <= now {
+		e = counterEntry{window: window}
+	}
+	e.count++
+	e.expires = now + int64(ttl)
+	if !ok {
+		s.sweep(now)
+		if s.counters == nil {
+			s.counters = make(map[string]counterEntry)
+		}
+	}
+	s.counters[string(key)] = e
+	if !ok {
+		s.countersPeak = max(s.countersPeak, len(s.counters))
+	}
+	return e.count
+}
+
+// peek returns the count of key in window without changing it; ok is false when there is none.
+func peek(m *MemoryKV, key []byte, window int64) (count int64, ok bool) {
+	now := m.clock()
+	s := &m.shards[shardOf(key)]
+	s.mu.Lock()
+	e, found := s.counters[string(key)]
+	s.mu.Unlock()
+	if !found || e.window != window || e.expires <= now {
+		return 0, false
+	}
+	return e.count, true
+}
+
+// Len reports how many entries the store holds, counters and values together. Expired entries
+// count until a write to their shard sweeps them away.
+func (m *MemoryKV) Len() int {
+	n := 0
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		n += len(s.counters) + len(s.values)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// sweep drops expired entries, at most once per sweepEvery, and rebuilds a map that has shrunk
+// far below its peak so that its memory is given back. The caller holds s.mu.
+func (s *memoryShard) sweep(now int64) {
+	if now < s.nextSweep {
+		return
+	}
+	s.nextSweep = now + sweepEvery
+	s.counters, s.countersPeak = sweepMap(s.counters, s.countersPeak, func(e counterEntry) bool { return e.expires <= now })
+	s.values, s.valuesPeak = sweepMap(s.values, s.valuesPeak, func(e valueEntry) bool { return e.expires <= now })
+}
+
+func sweepMap[V any](m map[string]V, peak int, expired func(V) bool) (map[string]V, int) {
+	for k, v := range m {
+		if expired(v) {
+			delete(m, k)
+		}
+	}
+	if peak < shrinkMin || len(m) >= peak/shrinkBelow {
+		return m, peak
+	}
+	if len(m) == 0 {
+		return nil, 0
+	}
+	// A fresh map sized to what is live: maps.Clone would keep the old capacity.
+	rebuilt := make(map[string]V, len(m))
+	for k, v := range m {
+		rebuilt[k] = v
+	}
+	return rebuilt, len(m)
+}

@@ -1,0 +1,478 @@
+// Package ratelimit is a fixed-window rate limiter for net/http servers: a counter per layer
+// ("scope") and client, kept in a key-value store under "ratelimit:{scope}:{client}" with a TTL of
+// twice the window. A request over the limit gets 429 Too Many Requests with Retry-After.
+//
+// A [Limiter] is one layer. [Limiter.Allow] decides; [Limiter.Handler] is the middleware, a
+// func(http.Handler) http.Handler that turns the decision into headers and a status. [NewLayers]
+// builds the two layers of the seed design (auth and global) from a [Config], which
+// [ConfigFromEnv] reads from RATE_LIMIT_* variables.
+//
+// Counters live in a [KV] (Get and Put with a TTL, as Cloudflare Workers KV offers) or, exactly,
+// in a store that also implements [Counter]. [MemoryKV] is the in-process store of both kinds;
+// the subpackages cloudflarekv and redisstore hold the shared stores.
+package ratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// Errors the limiter reports through [Options.OnError] and returns from [Limiter.Allow]; test
+// with [errors.Is].
+var (
+	// ErrStoreFailed marks a store call that failed or ran past [Options.StoreTimeout]. The
+	// request then follows the failure policy (see [Options.FailClosed]).
+	ErrStoreFailed = errors.New("ratelimit: store failed")
+	// ErrCorruptValue marks a stored value that is not the seed's JSON
+	// {"window":<unix seconds>,"count":<n>}. The request is counted as the first of a fresh
+	// window and the value is overwritten.
+	ErrCorruptValue = errors.New("ratelimit: corrupt stored value")
+)
+
+// HeaderStyle chooses the rate-limit headers a layer adds to the responses it counts.
+type HeaderStyle int
+
+const (
+	// HeadersStandard, the zero value, sends RateLimit-Policy and RateLimit as in
+	// draft-ietf-httpapi-ratelimit-headers, for example `RateLimit-Policy: "auth";q=30;w=60`
+	// and `RateLimit: "auth";r=0;t=37`.
+	HeadersStandard HeaderStyle = iota
+	// HeadersLegacy sends only X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset
+	// (the Unix time, in seconds, at which the window ends).
+	HeadersLegacy
+	// HeadersBoth sends the standard and the legacy headers.
+	HeadersBoth
+	// HeadersNone sends no rate-limit headers; a 429 still carries Retry-After.
+	HeadersNone
+)
+
+// Defaults applied by [New] to zero-valued [Options] fields.
+const (
+	DefaultStoreTimeout   = 500 * time.Millisecond
+	DefaultIPv6PrefixBits = 64
+)
+
+// maxWindowSeconds bounds a window to 365 days, far from any overflow of twice the window.
+const maxWindowSeconds = 365 * 24 * 60 * 60
+
+// Options configures one layer. The zero value of every field but Scope, Max and Window is a
+// documented default.
+type Options struct {
+	// Scope names the layer in its store keys ("ratelimit:{Scope}:{client}") and in its
+	// headers. Required: 1 to 64 letters, digits, '-', '_' or '.'.
+	Scope string
+	// Max is how many requests one client may make per window. Zero or less disables the
+	// layer: every request passes, uncounted.
+	Max int
+	// Window is the length of the fixed window: a whole number of seconds, from 1s to 365 days.
+	// Windows are aligned to the Unix epoch, so every instance agrees on when one starts.
+	Window time.Duration
+	// Paths, when not empty, restricts the layer to requests whose path matches one of these
+	// patterns. A pattern is exact ("/login") or a prefix ("/assets/*" matches "/assets" and
+	// everything below it); "/*" matches everything. Paths are cleaned before matching, so
+	// "/login/", "//login" and "/x/../login" all match "/login".
+	Paths []string
+	// ExemptPaths are never counted, even when they match Paths. Same patterns as Paths.
+	ExemptPaths []string
+	// Store keeps the counters. When it also implements [Counter], counting is atomic and exact;
+	// otherwise the limiter reads, then writes the seed's JSON value. Nil means the layer fails
+	// open: it passes every request, and New logs one warning.
+	Store KV
+	// ClientIP finds the client's address. Default: [RemoteAddrIP].
+	ClientIP ClientIPFunc
+	// IPv6PrefixBits is how many leading bits of an IPv6 address identify one client, since one
+	// subscriber usually holds a whole /64. Default 64; 128 counts every address on its own.
+	IPv6PrefixBits int
+	// StoreTimeout bounds the time one request spends in the store. Default
+	// [DefaultStoreTimeout]. A [MemoryKV] never waits and is not given a deadline.
+	StoreTimeout time.Duration
+	// FailClosed answers 503 Service Unavailable when the store fails. By default (false) the
+	// layer fails open, as the seed does: the request passes uncounted.
+	FailClosed bool
+	// OnError receives every store failure ([ErrStoreFailed]) and corrupt stored value
+	// ([ErrCorruptValue]). It runs on the request's goroutine and must be safe for simultaneous
+	// use. Default: logged through Logger, at most once a minute per layer.
+	OnError func(r *http.Request, err error)
+	// DenyHandler writes the response for a request over the limit. The rate-limit headers and
+	// Retry-After are already set when it runs. Default: 429 with a short plain-text body.
+	DenyHandler func(w http.ResponseWriter, r *http.Request, res Result)
+	// Headers chooses the rate-limit headers. Default: [HeadersStandard].
+	Headers HeaderStyle
+	// Logger receives the layer's few operator messages. Default: [slog.Default].
+	Logger *slog.Logger
+	// Now reads the clock. Default: [time.Now].
+	Now func() time.Time
+}
+
+// Result is the decision for one request.
+type Result struct {
+	// Allowed reports whether the request may proceed.
+	Allowed bool
+	// Limit is the layer's Max, or zero when the layer did not count the request (its path is
+	// not limited, the layer is disabled or has no store, or the store failed).
+	Limit int
+	// Remaining is how many more requests the client may make in this window.
+	Remaining int
+	// Reset is the time left until the current window ends and the count starts again.
+	Reset time.Duration
+	// RetryAfter is how long a denied client should wait; zero when Allowed.
+	RetryAfter time.Duration
+}
+
+// Counted reports whether the layer counted the request.
+func (r Result) Counted() bool { return r.Limit > 0 }
+
+// Limiter is one rate-limiting layer. Build it with [New]; it is safe for simultaneous use by
+// multiple goroutines and holds no goroutines of its own.
+type Limiter struct {
+	scope     string
+	max       int64
+	windowSec int64
+	ttl       time.Duration
+	filter    pathFilter
+	keyPrefix string // "ratelimit:{scope}:"
+	v6Bits    int
+
+	passAll bool // disabled or without a store: the middleware is the next handler itself
+	mem     *MemoryKV
+	counter Counter
+	kv      KV
+	denied  *MemoryKV // clients over the limit, so a remote store is not asked again this window
+
+	clientIP   ClientIPFunc
+	timeout    time.Duration
+	failClosed bool
+	onError    func(*http.Request, error)
+	deny       func(http.ResponseWriter, *http.Request, Result)
+	headers    HeaderStyle
+	now        func() time.Time
+
+	// Header values that never change, computed once.
+	policyValue []string
+	limitValue  []string
+
+	logger      *slog.Logger
+	lastLogged  atomic.Int64 // Unix nanoseconds of the last default OnError log line
+	unlogged    atomic.Int64 // errors not logged since then
+	errorsTotal atomic.Int64
+}
+
+// New validates opts and builds a layer. Every problem in opts is reported, joined in one error;
+// New never panics and never silently ignores a value.
+func New(opts Options) (*Limiter, error) {
+	l := &Limiter{
+		scope:      opts.Scope,
+		max:        int64(opts.Max),
+		clientIP:   opts.ClientIP,
+		v6Bits:     opts.IPv6PrefixBits,
+		timeout:    opts.StoreTimeout,
+		failClosed: opts.FailClosed,
+		onError:    opts.OnError,
+		deny:       opts.DenyHandler,
+		headers:    opts.Headers,
+		logger:     opts.Logger,
+		now:        opts.Now,
+	}
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("ratelimit: layer %q: "+format, append([]any{opts.Scope}, args...)...))
+	}
+	if err := checkScope(opts.Scope); err != nil {
+		bad("%v", err)
+	}
+	switch w := opts.Window; {
+	case w < 0, opts.Max > 0 && w == 0:
+		bad("window %v must be positive", w)
+	case w%time.Second != 0:
+		bad("window %v is not a whole number of seconds", w)
+	case w > maxWindowSeconds*time.Second:
+		bad("window %v is longer than 365 days", w)
+	}
+	var err error
+	if l.filter.only, err = compilePatterns(opts.Paths); err != nil {
+		bad("Paths: %v", err)
+	}
+	if l.filter.exempt, err = compilePatterns(opts.ExemptPaths); err != nil {
+		bad("ExemptPaths: %v", err)
+	}
+	switch {
+	case l.v6Bits == 0:
+		l.v6Bits = DefaultIPv6PrefixBits
+	case l.v6Bits < 1 || l.v6Bits > 128:
+		bad("IPv6PrefixBits %d is outside 1..128", l.v6Bits)
+	}
+	switch {
+	case l.timeout == 0:
+		l.timeout = DefaultStoreTimeout
+	case l.timeout < 0:
+		bad("StoreTimeout %v must be positive", l.timeout)
+	}
+	if l.headers < HeadersStandard || l.headers > HeadersNone {
+		bad("unknown HeaderStyle %d", l.headers)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+
+	if l.clientIP == nil {
+		l.clientIP = RemoteAddrIP
+	}
+	if l.logger == nil {
+		l.logger = slog.Default()
+	}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	l.windowSec = int64(opts.Window / time.Second)
+	l.ttl = 2 * opts.Window
+	l.keyPrefix = "ratelimit:" + opts.Scope + ":"
+	l.policyValue = []string{fmt.Sprintf("%q;q=%d;w=%d", opts.Scope, opts.Max, l.windowSec)}
+	l.limitValue = []string{strconv.Itoa(opts.Max)}
+
+	switch {
+	case opts.Max <= 0:
+		l.passAll = true
+		l.logger.Info("ratelimit: layer disabled because its max is zero or less", "scope", opts.Scope)
+	case opts.Store == nil:
+		l.passAll = true
+		l.logger.Warn("ratelimit: no store configured; the layer fails open and lets every request through", "scope", opts.Scope)
+	default:
+		l.kv = opts.Store
+		if mem, ok := opts.Store.(*MemoryKV); ok {
+			l.mem = mem
+		} else {
+			l.counter, _ = opts.Store.(Counter)
+			l.denied = NewMemoryKV(WithClock(l.now))
+		}
+	}
+	return l, nil
+}
+
+func checkScope(scope string) error {
+	if scope == "" || len(scope) > 64 {
+		return fmt.Errorf("scope %q must be 1 to 64 bytes long", scope)
+	}
+	for _, c := range []byte(scope) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("scope %q may hold only letters, digits, '-', '_' and '.'", scope)
+		}
+	}
+	return nil
+}
+
+// Scope returns the layer's scope.
+func (l *Limiter) Scope() string { return l.scope }
+
+// Allow decides whether r may proceed. It is shorthand for AllowAt(r, now) with the layer's clock.
+func (l *Limiter) Allow(r *http.Request) (Result, error) {
+	return l.AllowAt(r, l.now())
+}
+
+// AllowAt decides whether r, arriving at now, may proceed, and counts it.
+//
+// Over the limit is a Result with Allowed false, not an error. A non-nil error wraps
+// [ErrStoreFailed] or [ErrCorruptValue]; the Result then already follows the failure policy:
+// after a store failure it is uncounted and Allowed unless [Options.FailClosed] is set, and after
+// a corrupt value the request counts as the first of a fresh window.
+func (l *Limiter) AllowAt(r *http.Request, now time.Time) (Result, error) {
+	if l.passAll || !l.filter.match(r.URL.Path) {
+		return Result{Allowed: true}, nil
+	}
+	var buf [96]byte
+	key := append(buf[:0], l.keyPrefix...)
+	addr, ok := l.clientIP(r)
+	key = appendClientKey(key, addr, ok, l.v6Bits)
+
+	sec := now.Unix()
+	start := sec - sec%l.windowSec
+	reset := time.Unix(start+l.windowSec, 0).Sub(now)
+	if l.mem != nil {
+		return l.result(increment(l.mem, key, start*int64(time.Second), l.ttl), reset), nil
+	}
+	if _, denied := peek(l.denied, key, start); denied {
+		return l.result(l.max+1, reset), nil
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), l.timeout)
+	defer cancel()
+	count, err := l.count(ctx, string(key), start)
+	if errors.Is(err, ErrStoreFailed) {
+		return Result{Allowed: !l.failClosed}, err
+	}
+	res := l.result(count, reset)
+	if !res.Allowed {
+		increment(l.denied, key, start, reset)
+	}
+	return res, err
+}
+
+// count adds the request to the store and returns the window's count including it.
+func (l *Limiter) count(ctx context.Context, key string, start int64) (int64, error) {
+	if l.counter != nil {
+		n, err := l.counter.Increment(ctx, key, time.Unix(start, 0), l.ttl)
+		if err != nil {
+			return 0, fmt.Errorf("%w: layer %q: increment %q: %w", ErrStoreFailed, l.scope, key, err)
+		}
+		return n, nil
+	}
+	// The seed's algorithm: read, and write back count+1 unless the client is already over.
+	raw, found, err := l.kv.Get(ctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("%w: layer %q: get %q: %w", ErrStoreFailed, l.scope, key, err)
+	}
+	var n int64
+	var corrupt error
+	if found {
+		window, stored, perr := parseSeedValue(raw)
+		switch {
+		case perr != nil:
+			corrupt = fmt.Errorf("%w: layer %q: key %q: %w", ErrCorruptValue, l.scope, key, perr)
+		case window == start:
+			n = stored
+		}
+	}
+	if n >= l.max {
+		return n + 1, corrupt
+	}
+	if err := l.kv.Put(ctx, key, appendSeedValue(nil, start, n+1), l.ttl); err != nil {
+		return 0, fmt.Errorf("%w: layer %q: put %q: %w", ErrStoreFailed, l.scope, key, err)
+	}
+	return n + 1, corrupt
+}
+
+func (l *Limiter) result(count int64, reset time.Duration) Result {
+	res := Result{Limit: int(l.max), Reset: reset, Allowed: count <= l.max}
+	res.Remaining = int(max(0, l.max-count))
+	if !res.Allowed {
+		res.RetryAfter = reset
+	}
+	return res
+}
+
+// seedValue is the JSON value of the seed: {"window":<unix seconds>,"count":<n>}. Pointers tell a
+// missing field from a zero one; other fields are ignored, so richer values stay readable.
+type seedValue struct {
+	Window *int64 `json:"window"`
+	Count  *int64 `json:"count"`
+}
+
+func parseSeedValue(raw []byte) (window, count int64, err error) {
+	var v seedValue
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return 0, 0, fmt.Errorf("not JSON: %w", err)
+	}
+	if v.Window == nil || v.Count == nil || *v.Count < 0 {
+		return 0, 0, fmt.Errorf("want {\"window\":<unix seconds>,\"count\":<n >= 0>}, got %.100q", raw)
+	}
+	return *v.Window, *v.Count, nil
+}
+
+func appendSeedValue(dst []byte, window, count int64) []byte {
+	dst = append(dst, `{"window":`...)
+	dst = strconv.AppendInt(dst, window, 10)
+	dst = append(dst, `,"count":`...)
+	dst = strconv.AppendInt(dst, count, 10)
+	return append(dst, '}')
+}
+
+// Handler is the middleware: it counts each request, sets the rate-limit headers, and passes the
+// request to next, or answers 429 (or 503 when the store fails and FailClosed is set). A disabled
+// layer, or one without a store, returns next itself.
+func (l *Limiter) Handler(next http.Handler) http.Handler {
+	if l.passAll {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res, err := l.Allow(r)
+		if err != nil {
+			l.report(r, err)
+		}
+		switch {
+		case res.Allowed:
+			if res.Limit > 0 {
+				l.setHeaders(w.Header(), res)
+			}
+			next.ServeHTTP(w, r)
+		case res.Limit == 0:
+			writePlain(w, http.StatusServiceUnavailable, unavailableBody)
+		default:
+			h := w.Header()
+			l.setHeaders(h, res)
+			h["Retry-After"] = []string{strconv.FormatInt(ceilSeconds(res.RetryAfter), 10)}
+			if l.deny != nil {
+				l.deny(w, r, res)
+				return
+			}
+			writePlain(w, http.StatusTooManyRequests, tooManyBody)
+		}
+	})
+}
+
+var (
+	tooManyBody     = []byte("Too Many Requests\n")
+	unavailableBody = []byte("Service Unavailable\n")
+)
+
+func writePlain(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h["Content-Type"] = []string{"text/plain; charset=utf-8"}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// setHeaders writes the layer's rate-limit headers. Header names are given in canonical form so
+// that no per-request canonicalisation is needed.
+func (l *Limiter) setHeaders(h http.Header, res Result) {
+	if l.headers == HeadersNone {
+		return
+	}
+	resetSec := ceilSeconds(res.Reset)
+	if l.headers != HeadersLegacy {
+		// The precomputed slice is shared between responses; its capacity equals its length, so
+		// a later Header().Add copies it instead of writing into it.
+		h["Ratelimit-Policy"] = l.policyValue
+		var buf [96]byte
+		v := append(buf[:0], '"')
+		v = append(v, l.scope...)
+		v = append(v, `";r=`...)
+		v = strconv.AppendInt(v, int64(res.Remaining), 10)
+		v = append(v, ";t="...)
+		v = strconv.AppendInt(v, resetSec, 10)
+		h["Ratelimit"] = []string{string(v)}
+	}
+	if l.headers != HeadersStandard {
+		h["X-Ratelimit-Limit"] = l.limitValue
+		h["X-Ratelimit-Remaining"] = []string{strconv.Itoa(res.Remaining)}
+		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(l.now().Add(res.Reset).Unix(), 10)}
+	}
+}
+
+// ceilSeconds rounds d up to whole seconds, at least 1: the delay-seconds of Retry-After and the
+// t parameter of RateLimit must not tell a client to come back before the window ends.
+func ceilSeconds(d time.Duration) int64 {
+	return max(1, int64((d+time.Second-1)/time.Second))
+}
+
+// report passes err to OnError, or logs it at most once a minute.
+func (l *Limiter) report(r *http.Request, err error) {
+	l.errorsTotal.Add(1)
+	if l.onError != nil {
+		l.onError(r, err)
+		return
+	}
+	now := l.now().UnixNano()
+	last := l.lastLogged.Load()
+	if now-last < int64(time.Minute) || !l.lastLogged.CompareAndSwap(last, now) {
+		l.unlogged.Add(1)
+		return
+	}
+	l.logger.Warn("ratelimit: store problem", "scope", l.scope, "error", err,
+		"unlogged_since_last", l.unlogged.Swap(0), "errors_total", l.errorsTotal.Load())
+}
