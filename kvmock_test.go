@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,9 @@ func (c *fakeClock) Set(t time.Time)         { c.nanos.Store(t.UnixNano()) }
 
 // windowStart is a time at which a 60-second window has just begun.
 var windowStart = time.Unix(1_700_000_040, 0) // 1_700_000_040 % 60 == 0
+
+// quietLogger swallows the layer's operator messages in tests that do not read them.
+var quietLogger = slog.New(slog.DiscardHandler)
 
 var errBoom = errors.New("boom: store unreachable")
 

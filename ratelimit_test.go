@@ -578,7 +578,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	})
 
 	t.Run("disabled layer may leave the window unset", func(t *testing.T) {
-		_, err := New(Options{Scope: "auth", Max: 0})
+		_, err := New(Options{Scope: "auth", Max: 0, Logger: quietLogger})
 		require.NoError(t, err)
 	})
 }
