@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -649,4 +650,25 @@ func TestAllowIgnoresTheHandlerAndReportsErrors(t *testing.T) {
 	require.ErrorIs(t, err, errBoom)
 	require.Equal(t, Result{}, res, "fail closed: not allowed, not counted")
 	require.False(t, errors.Is(err, ErrCorruptValue))
+}
+
+// In a synctest bubble time moves only while every goroutine waits, so the cost of a hung store
+// is measured exactly instead of with a wall clock.
+func TestHungStoreCostsExactlyTheDeadline(t *testing.T) {
+	for _, store := range []KV{hangingKV{}, kvOnly{hangingKV{}}} {
+		t.Run(fmt.Sprintf("%T", store), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := newLimiter(t, Options{Scope: "auth", Max: 5, Window: time.Minute, Store: store, StoreTimeout: 300 * time.Millisecond, OnError: func(*http.Request, error) {}})
+				began := time.Now()
+				rec := serve(l.Handler(okHandler), newRequest("/", "192.0.2.1:1"))
+				require.Equal(t, http.StatusOK, rec.Code)
+				require.Equal(t, 300*time.Millisecond, time.Since(began))
+
+				l = newLimiter(t, Options{Scope: "auth", Max: 5, Window: time.Minute, Store: store, OnError: func(*http.Request, error) {}})
+				began = time.Now()
+				serve(l.Handler(okHandler), newRequest("/", "192.0.2.1:1"))
+				require.Equal(t, DefaultStoreTimeout, time.Since(began), "the default deadline")
+			})
+		})
+	}
 }
