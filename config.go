@@ -33,6 +33,10 @@ func DefaultGlobalExemptPaths() []string {
 type Config struct {
 	Auth   Options
 	Global Options
+	// TrustedProxies is set by [ConfigFromEnv] from RATE_LIMIT_TRUSTED_PROXIES, whose ClientIP
+	// it has already put in both layers; nil otherwise. Keep it to refresh Cloudflare's ranges
+	// ([TrustedProxies.RefreshCloudflare]). NewLayers does not read it.
+	TrustedProxies *TrustedProxies
 }
 
 // DefaultConfig returns the seed's layers, without a store: auth counts 30 requests per 60 s on
@@ -55,17 +59,25 @@ func DefaultConfig() Config {
 }
 
 // The environment variables [ConfigFromEnv] reads. Windows are whole seconds.
+// EnvTrustedProxies takes the syntax of [ParseTrustedProxies], for example "cloudflare" or
+// "cloudflare,10.0.0.0/8".
 const (
-	EnvGlobalMax    = "RATE_LIMIT_GLOBAL_MAX"
-	EnvGlobalWindow = "RATE_LIMIT_GLOBAL_WINDOW"
-	EnvAuthMax      = "RATE_LIMIT_AUTH_MAX"
-	EnvAuthWindow   = "RATE_LIMIT_AUTH_WINDOW"
+	EnvGlobalMax      = "RATE_LIMIT_GLOBAL_MAX"
+	EnvGlobalWindow   = "RATE_LIMIT_GLOBAL_WINDOW"
+	EnvAuthMax        = "RATE_LIMIT_AUTH_MAX"
+	EnvAuthWindow     = "RATE_LIMIT_AUTH_WINDOW"
+	EnvTrustedProxies = "RATE_LIMIT_TRUSTED_PROXIES"
 )
 
 // ConfigFromEnv returns [DefaultConfig] with the RATE_LIMIT_* variables applied. lookup is
 // usually [os.LookupEnv]. An unset variable keeps its default; a max of 0 (or less) disables its
 // layer; a value that is not a whole number, or a window that is not positive, is an error naming
 // the variable and the value. All problems are reported together.
+//
+// When RATE_LIMIT_TRUSTED_PROXIES is set and not blank, both layers find the client with a
+// [TrustedProxies] built from it (also returned in [Config.TrustedProxies]); an entry that is
+// neither "cloudflare" nor a CIDR prefix or address is an error naming the entry. Unset or blank,
+// the layers keep [RemoteAddrIP] and believe no header.
 func ConfigFromEnv(lookup func(string) (string, bool)) (Config, error) {
 	cfg := DefaultConfig()
 	errs := []error{
@@ -73,11 +85,35 @@ func ConfigFromEnv(lookup func(string) (string, bool)) (Config, error) {
 		envSeconds(lookup, EnvAuthWindow, &cfg.Auth.Window),
 		envInt(lookup, EnvGlobalMax, &cfg.Global.Max),
 		envSeconds(lookup, EnvGlobalWindow, &cfg.Global.Window),
+		envTrustedProxies(lookup, EnvTrustedProxies, &cfg),
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, err
 	}
 	return cfg, nil
+}
+
+// envTrustedProxies reads the trusted proxies from the variable name into both layers of cfg.
+func envTrustedProxies(lookup func(string) (string, bool), name string, cfg *Config) error {
+	raw, set := lookup(name)
+	if !set || strings.TrimSpace(raw) == "" {
+		return nil
+	}
+	opts, errs := parseProxyList(raw)
+	for i, err := range errs {
+		errs[i] = fmt.Errorf("ratelimit: %s=%q: %w", name, raw, err)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	proxies, err := NewTrustedProxies(opts)
+	if err != nil {
+		return fmt.Errorf("ratelimit: %s=%q: %w", name, raw, err)
+	}
+	cfg.TrustedProxies = proxies
+	cfg.Auth.ClientIP = proxies.ClientIP
+	cfg.Global.ClientIP = proxies.ClientIP
+	return nil
 }
 
 // envWhole reads a whole number from the variable name; set is false when it is unset.

@@ -18,6 +18,8 @@ func Example() {
 		Max:    3,
 		Window: time.Minute,
 		Store:  ratelimit.NewMemoryKV(),
+		// A fixed clock keeps this example's output stable; leave Now unset in real code.
+		Now: func() time.Time { return time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC) },
 	})
 	if err != nil {
 		log.Fatal(err)

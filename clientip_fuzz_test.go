@@ -1,0 +1,138 @@
+package ratelimit
+
+import (
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// FuzzClientIP feeds arbitrary RemoteAddr, X-Forwarded-For lines and CF-Connecting-IP to every
+// ClientIPFunc and checks that nothing panics, that the answer is an address somebody actually
+// wrote (the peer or a header entry), that the key is short and printable, that an untrusted peer
+// is never replaced by a header, and that a client-controlled left part of X-Forwarded-For
+// changes the answer only when every hop to its right was trusted.
+//
+//	go test -run '^$' -fuzz '^FuzzClientIP$' -fuzztime 20s .
+func FuzzClientIP(f *testing.F) {
+	seeds := []struct{ remote, xff1, xff2, cf string }{
+		{"203.0.113.9:5555", "", "", ""},
+		{"203.0.113.9:5555", "198.51.100.1", "", "198.51.100.2"},
+		{"10.0.0.1:5555", "1.1.1.1, 198.51.100.1", "10.0.0.2", ""},
+		{"10.0.0.1:5555", "1.1.1.1, 198.51.100.1, 172.64.0.1", "", "1.1.1.1"},
+		{"10.0.0.1:5555", "10.0.0.3, 10.0.0.2", "", ""},
+		{"10.0.0.1:5555", "1.1.1.1, unknown", "10.0.0.2", ""},
+		{"10.0.0.1:5555", ", , ,", "", ""},
+		{"10.0.0.1:5555", "[2001:db8:1::7]:443", "::ffff:10.0.0.2", ""},
+		{"10.0.0.1:5555", "fe80::7%eth0, [198.51.100.7]", "198.51.100.7:80", ""},
+		{"[::ffff:10.0.0.1]:5555", "::ffff:198.51.100.7", "", ""},
+		{"[2001:db8:ffff::1]:5555", "2001:db8:1:2:3:4:5:6", "", ""},
+		{"172.64.0.1:5555", "1.1.1.1", "", "198.51.100.1"},
+		{"172.64.0.1:5555", "1.1.1.1, 2a06:98c0:3600::103", "", ""},
+		{"[2606:4700::1]:5555", "", "", "2a06:98c0:3600::103"},
+		{"[2606:4700::1]:5555", "", "", " [2001:db8::1] "},
+		{"@", "198.51.100.1", "", "198.51.100.2"},
+		{"", "", "", ""},
+		{"10.0.0.1:5555", strings.Repeat("10.0.0.2,", 100) + "198.51.100.1", "", ""},
+		{"10.0.0.1:5555", strings.Repeat(" ", 5000) + "198.51.100.1", "", ""},
+		{"10.0.0.1:5555", "198.51.100.1" + strings.Repeat(",", 5000), "", ""},
+		{"10.0.0.1:5555", "\x00\xff,\t,192.0.2.1\r", "", "\xff"},
+	}
+	for _, s := range seeds {
+		f.Add(s.remote, s.xff1, s.xff2, s.cf)
+	}
+
+	trusted, err := NewTrustedProxies(ProxyOptions{
+		Prefixes:   []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8:ffff::/48")},
+		Cloudflare: true,
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	cfAny, err := NewTrustedProxies(ProxyOptions{
+		Prefixes:            []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+		TrustCFConnectingIP: true,
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	const leftAddr = "203.0.113.66"
+
+	f.Fuzz(func(t *testing.T, remote, xff1, xff2, cf string) {
+		r := &http.Request{RemoteAddr: remote, Header: http.Header{}}
+		var lines []string
+		for _, l := range []string{xff1, xff2} {
+			if l != "" {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) > 0 {
+			r.Header[headerXForwardedFor] = lines
+		}
+		if cf != "" {
+			r.Header[headerCFConnectingIP] = []string{cf}
+			if len(cf)%2 == 1 {
+				r.Header[headerCFConnectingIPv6] = []string{cf}
+			}
+		}
+
+		// Every address a ClientIPFunc may answer: the peer and anything written in a header.
+		written := map[netip.Addr]bool{}
+		peer, peerOK := parseIP(remote)
+		if peerOK {
+			written[peer] = true
+		}
+		for _, s := range append(strings.Split(strings.Join(lines, ","), ","), cf) {
+			if a, ok := parseIP(s); ok {
+				written[a] = true
+			}
+		}
+
+		for name, fn := range map[string]ClientIPFunc{
+			"RemoteAddrIP":         RemoteAddrIP,
+			"HeadersFromAnyPeerIP": HeadersFromAnyPeerIP,
+			"TrustedProxies":       trusted.ClientIP,
+			"TrustCFConnectingIP":  cfAny.ClientIP,
+		} {
+			addr, ok := fn(r)
+			if ok {
+				if !addr.IsValid() || addr.Zone() != "" || addr.Is4In6() {
+					t.Fatalf("%s: not canonical: %#v", name, addr)
+				}
+				if !written[addr] {
+					t.Fatalf("%s: %v was written nowhere", name, addr)
+				}
+			} else if peerOK {
+				t.Fatalf("%s: !ok although the peer %v is an address", name, peer)
+			}
+			for _, bits := range []int{1, 48, 64, 127, 128} {
+				key := string(appendClientKey(nil, addr, ok, bits))
+				if key == unknownClient {
+					continue
+				}
+				if len(key) == 0 || len(key) > 39 || strings.Trim(key, "0123456789abcdef.:") != "" {
+					t.Fatalf("%s: key %q is not short and safe", name, key)
+				}
+			}
+		}
+
+		// An untrusted peer is the client, whatever the headers say.
+		if peerOK && trusted.classify(peer) == untrustedHop {
+			if got, _ := trusted.ClientIP(r); got != peer {
+				t.Fatalf("untrusted peer %v replaced by %v", peer, got)
+			}
+		}
+
+		// Prepending a client-written entry to the first line changes the answer only to that
+		// entry, and only when the walk had reached the left end through trusted hops.
+		if len(lines) > 0 {
+			before, okBefore := trusted.ClientIP(r)
+			r2 := &http.Request{RemoteAddr: remote, Header: r.Header.Clone()}
+			r2.Header[headerXForwardedFor][0] = leftAddr + "," + lines[0]
+			after, okAfter := trusted.ClientIP(r2)
+			if okAfter != okBefore || (after != before && after.String() != leftAddr) {
+				t.Fatalf("left part moved the key from %v to %v", before, after)
+			}
+		}
+	})
+}
