@@ -1,0 +1,488 @@
+package cloudflarekv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kilat-dev/ratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+func newTestStore(t *testing.T, f *fakeAPI, edit ...func(*Config)) *Store {
+	t.Helper()
+	cfg := f.config()
+	for _, e := range edit {
+		e(&cfg)
+	}
+	s, err := NewStore(cfg)
+	require.NoError(t, err)
+	return s
+}
+
+func TestStoreRoundTripsOddKeys(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	s := newTestStore(t, f)
+	ctx := context.Background()
+
+	keys := []string{
+		"ratelimit:auth:203.0.113.7",
+		"ratelimit:auth:2001:db8:abcd:12::",  // IPv6 /64, as the limiter writes it
+		"ratelimit:global:2001:db8::1",       // full IPv6
+		"ratelimit:global:::1",               // loopback: three colons in a row
+		"ratelimit:global:fe80::1%eth0",      // a zone, should one slip through
+		"ratelimit:global:[2001:db8::1]:443", // brackets and port
+		"a/b/../c", "100%", "%2F", "sp ace", "q?x=1#frag", "plus+sign", "ünïcødé", "...", "-", "tab\there",
+		strings.Repeat("k", MaxKeyLen),
+	}
+	for i, key := range keys {
+		value := fmt.Appendf(nil, `{"window":1,"count":%d}`, i)
+		require.NoError(t, s.Put(ctx, key, value, time.Minute), key)
+		stored, ok := f.value(key)
+		require.True(t, ok, "the API stored the key under its exact name: %q", key)
+		require.Equal(t, string(value), stored)
+		got, ok, err := s.Get(ctx, key)
+		require.NoError(t, err, key)
+		require.True(t, ok, key)
+		require.Equal(t, value, got, key)
+	}
+	require.Zero(t, f.rejected.Load())
+
+	// Keys Workers KV refuses are refused before any call is spent on them.
+	calls := f.calls.Load()
+	for _, key := range []string{"", ".", "..", strings.Repeat("k", MaxKeyLen+1)} {
+		_, _, err := s.Get(ctx, key)
+		require.ErrorContains(t, err, "cloudflarekv: key")
+		require.ErrorContains(t, s.Put(ctx, key, []byte("x"), time.Minute), "cloudflarekv: key")
+	}
+	require.Equal(t, calls, f.calls.Load())
+}
+
+func TestStoreMissingKeyIsNotFound(t *testing.T) {
+	f := newFakeAPI(newFakeClock(t0))
+	defer f.Close()
+	s := newTestStore(t, f)
+	v, ok, err := s.Get(context.Background(), "ratelimit:auth:198.51.100.1")
+	require.NoError(t, err)
+	require.False(t, ok)
+	require.Nil(t, v)
+	require.True(t, s.Stats().PausedUntil.IsZero(), "a missing key is not a failure")
+}
+
+func TestStoreClampsTTLToSixtySeconds(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	s := newTestStore(t, f)
+	ctx := context.Background()
+
+	// The fake refuses what Cloudflare refuses.
+	req, _ := http.NewRequest(http.MethodPut, f.srv.URL+"/accounts/"+fakeAccount+"/storage/kv/namespaces/"+fakeNamespace+"/values/k?expiration_ttl=59", strings.NewReader("x"))
+	req.Header.Set("Authorization", "Bearer "+fakeToken)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	require.Contains(t, string(body), "Expiration TTL must be at least 60")
+
+	for i, tc := range []struct {
+		ttl  time.Duration
+		want int
+	}{{time.Second, 60}, {20 * time.Second, 60}, {60 * time.Second, 60}, {90*time.Second + time.Millisecond, 91}, {2 * time.Hour, 7200}} {
+		require.NoError(t, s.Put(ctx, fmt.Sprint("k", i), []byte("v"), tc.ttl))
+		f.mu.Lock()
+		got := f.ttls[len(f.ttls)-1]
+		f.mu.Unlock()
+		require.Equal(t, tc.want, got, "ttl %v", tc.ttl)
+	}
+	// A clamped entry lives 60 s: gone after, there before.
+	clock.Advance(59 * time.Second)
+	_, ok, err := s.Get(ctx, "k0")
+	require.NoError(t, err)
+	require.True(t, ok)
+	clock.Advance(time.Second)
+	_, ok, err = s.Get(ctx, "k0")
+	require.NoError(t, err)
+	require.False(t, ok)
+}
+
+func TestStoreMissingNamespaceIsConfigurationError(t *testing.T) {
+	f := newFakeAPI(newFakeClock(t0))
+	defer f.Close()
+	s := newTestStore(t, f, func(c *Config) { c.NamespaceID = "doesnotexist" })
+
+	v, ok, err := s.Get(context.Background(), "ratelimit:auth:192.0.2.1")
+	require.Error(t, err, "a missing namespace is not an empty counter")
+	require.False(t, ok)
+	require.Nil(t, v)
+	var ae *APIError
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, http.StatusNotFound, ae.Status)
+	require.Equal(t, CodeNamespaceNotFound, ae.Code)
+	require.Equal(t, "get: 'namespace not found'", ae.Message)
+	require.ErrorIs(t, err, ErrConfiguration)
+	require.NotErrorIs(t, err, ErrRateLimited)
+	require.ErrorContains(t, err, "code 10013")
+
+	err = s.Put(context.Background(), "ratelimit:auth:192.0.2.1", []byte("x"), time.Minute)
+	require.ErrorIs(t, err, ErrPaused, "a configuration error backs off too")
+	require.ErrorIs(t, err, ErrConfiguration, "the pause carries its cause")
+}
+
+func TestStoreRejectedTokenSurfacesCodeThroughLimiter(t *testing.T) {
+	f := newFakeAPI(newFakeClock(t0))
+	defer f.Close()
+
+	for _, failClosed := range []bool{false, true} {
+		s := newTestStore(t, f, func(c *Config) { c.APIToken = "revoked" })
+		var mu sync.Mutex
+		var reported []error
+		l, err := ratelimit.New(ratelimit.Options{
+			Scope: "auth", Max: 30, Window: time.Minute, Store: s, FailClosed: failClosed,
+			OnError: func(_ *http.Request, err error) { mu.Lock(); reported = append(reported, err); mu.Unlock() },
+		})
+		require.NoError(t, err)
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/login", nil)
+		l.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })).ServeHTTP(rec, req)
+		if failClosed {
+			require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+		} else {
+			require.Equal(t, http.StatusNoContent, rec.Code, "fails open, as the seed does")
+		}
+		require.Len(t, reported, 1)
+		require.ErrorIs(t, reported[0], ratelimit.ErrStoreFailed)
+		require.ErrorIs(t, reported[0], ErrConfiguration)
+		var ae *APIError
+		require.ErrorAs(t, reported[0], &ae)
+		require.Equal(t, http.StatusForbidden, ae.Status)
+		require.Equal(t, 10000, ae.Code)
+		require.Equal(t, "Authentication error", ae.Message)
+	}
+}
+
+func TestStore429HonoursRetryAfterWithoutRetrying(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	f.set(func(f *fakeAPI) { f.budget, f.retryAfter = 2, 30 })
+	s := newTestStore(t, f)
+	ctx := context.Background()
+	key := "ratelimit:auth:192.0.2.9"
+
+	for range 2 {
+		_, _, err := s.Get(ctx, key)
+		require.NoError(t, err)
+	}
+	_, _, err := s.Get(ctx, key)
+	var ae *APIError
+	require.ErrorAs(t, err, &ae)
+	require.ErrorIs(t, err, ErrRateLimited)
+	require.Equal(t, http.StatusTooManyRequests, ae.Status)
+	require.Equal(t, 971, ae.Code)
+	require.Equal(t, 30*time.Second, ae.RetryAfter)
+	require.EqualValues(t, 3, f.calls.Load(), "one attempt: the SDK's hidden retries are off")
+
+	// Until Retry-After has passed, no call is made at all.
+	clock.Advance(29 * time.Second)
+	_, _, err = s.Get(ctx, key)
+	require.ErrorIs(t, err, ErrPaused)
+	require.ErrorIs(t, err, ErrRateLimited)
+	require.EqualValues(t, 3, f.calls.Load())
+	require.Equal(t, t0.Add(30*time.Second), s.Stats().PausedUntil)
+
+	clock.Advance(5 * time.Minute) // the fake's budget period has passed too
+	_, _, err = s.Get(ctx, key)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, f.calls.Load())
+}
+
+// A second write to one key within a second gets 429 without Retry-After: that is about the key,
+// so the request fails (and follows the failure policy) but the store does not pause.
+func TestStorePerKeyWriteLimitDoesNotPauseTheStore(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	s := newTestStore(t, f)
+	ctx := context.Background()
+	require.NoError(t, s.Put(ctx, "k", []byte("1"), time.Minute))
+	err := s.Put(ctx, "k", []byte("2"), time.Minute)
+	var ae *APIError
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, http.StatusTooManyRequests, ae.Status)
+	require.Zero(t, ae.RetryAfter)
+	require.True(t, s.Stats().PausedUntil.IsZero())
+	require.NoError(t, s.Put(ctx, "other", []byte("1"), time.Minute))
+}
+
+func TestStore5xxBacksOffExponentially(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	f.set(func(f *fakeAPI) { f.outage = http.StatusServiceUnavailable })
+	s := newTestStore(t, f)
+	ctx := context.Background()
+
+	var pauses []time.Duration
+	for range 4 {
+		before := f.calls.Load()
+		_, _, err := s.Get(ctx, "k")
+		var ae *APIError
+		require.ErrorAs(t, err, &ae)
+		require.Equal(t, http.StatusServiceUnavailable, ae.Status)
+		require.Contains(t, ae.Message, "503 Service Unavailable", "a non-JSON body is quoted")
+		require.Equal(t, before+1, f.calls.Load(), "no hidden retries")
+		until := s.Stats().PausedUntil
+		pauses = append(pauses, until.Sub(clock.Now()))
+		_, _, err = s.Get(ctx, "k")
+		require.ErrorIs(t, err, ErrPaused)
+		require.Equal(t, before+1, f.calls.Load(), "paused: no call")
+		clock.Set(until)
+	}
+	require.Equal(t, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}, pauses)
+
+	f.set(func(f *fakeAPI) { f.outage = 0 })
+	_, _, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, s.Stats().PausedUntil.IsZero())
+}
+
+// A hung API costs a request at most the limiter's StoreTimeout; the request then fails open,
+// and the requests after it do not wait at all while the store backs off.
+func TestHungAPICostsAtMostTheDeadline(t *testing.T) {
+	f := newFakeAPI(newFakeClock(t0))
+	defer f.Close()
+	f.setHang(true)
+	s := newTestStore(t, f) // the store's budget and back-off read the fake clock
+	const deadline = 150 * time.Millisecond
+	l, err := ratelimit.New(ratelimit.Options{
+		Scope: "auth", Max: 30, Window: time.Minute, Store: s, StoreTimeout: deadline,
+		OnError: func(*http.Request, error) {},
+	})
+	require.NoError(t, err)
+
+	req := httptest.NewRequest(http.MethodGet, "/login", nil)
+	start := time.Now()
+	res, err := l.Allow(req)
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, ratelimit.ErrStoreFailed)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.True(t, res.Allowed, "fails open")
+	require.Less(t, elapsed, deadline+time.Second, "bound check: the deadline plus generous slack")
+	require.GreaterOrEqual(t, elapsed, deadline)
+	t.Logf("hung API: request took %v with a %v deadline", elapsed, deadline)
+
+	start = time.Now()
+	res, err = l.Allow(req)
+	require.ErrorIs(t, err, ErrPaused)
+	require.True(t, res.Allowed)
+	require.Less(t, time.Since(start), deadline, "backing off: no wait")
+
+	// A slow API that answers after the deadline costs the same, and no more.
+	f.setHang(false)
+	f.set(func(f *fakeAPI) { f.latency = 10 * time.Second })
+	s2 := newTestStore(t, f)
+	l2, err := ratelimit.New(ratelimit.Options{Scope: "auth", Max: 30, Window: time.Minute, Store: s2,
+		StoreTimeout: deadline, FailClosed: true, OnError: func(*http.Request, error) {}})
+	require.NoError(t, err)
+	start = time.Now()
+	res, err = l2.Allow(req)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.False(t, res.Allowed, "fails closed when asked to")
+	require.Less(t, time.Since(start), deadline+time.Second)
+}
+
+// The seed's Worker writes {"window":W,"count":n}; plain mode reads it, adds one and writes the
+// same format back with the seed's TTL of twice the window.
+func TestStoreInteroperatesWithSeedWorker(t *testing.T) {
+	clock := newFakeClock(t0.Add(5 * time.Second))
+	f := newFakeAPI(clock)
+	defer f.Close()
+	s := newTestStore(t, f)
+	l, err := ratelimit.New(ratelimit.Options{Scope: "auth", Max: 30, Window: time.Minute, Store: s, Now: clock.Now})
+	require.NoError(t, err)
+	key := "ratelimit:auth:203.0.113.50"
+	f.store(key, fmt.Sprintf(`{"window":%d,"count":28}`, t0.Unix()), 2*time.Minute)
+
+	req := httptest.NewRequest(http.MethodGet, "/login", nil)
+	req.RemoteAddr = "203.0.113.50:4711"
+	res, err := l.Allow(req)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	require.Equal(t, 1, res.Remaining)
+	v, _ := f.value(key)
+	require.JSONEq(t, fmt.Sprintf(`{"window":%d,"count":29}`, t0.Unix()), v)
+	f.mu.Lock()
+	require.Equal(t, 120, f.ttls[len(f.ttls)-1])
+	f.mu.Unlock()
+
+	clock.Advance(time.Second) // Workers KV: one write per second per key
+	res, err = l.Allow(req)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	require.Equal(t, 0, res.Remaining)
+
+	clock.Advance(time.Second)
+	calls := f.calls.Load()
+	res, err = l.Allow(req)
+	require.NoError(t, err)
+	require.False(t, res.Allowed)
+	require.Equal(t, calls+1, f.calls.Load(), "over the limit: a GET, no PUT")
+	res, err = l.Allow(req)
+	require.NoError(t, err)
+	require.False(t, res.Allowed)
+	require.Equal(t, calls+1, f.calls.Load(), "the limiter's deny cache: no call until the window ends")
+	v, _ = f.value(key)
+	require.JSONEq(t, fmt.Sprintf(`{"window":%d,"count":30}`, t0.Unix()), v)
+}
+
+// The SDK's default client-side limiter (4/s, burst 1) would serialise these; the fake holds
+// every request until all nine are in flight together, so they only succeed if the store sends
+// them concurrently.
+func TestStoreDoesNotSerialiseRequests(t *testing.T) {
+	f := newFakeAPI(newFakeClock(t0))
+	defer f.Close()
+	const n = 9
+	f.set(func(f *fakeAPI) { f.barrier = n })
+	s := newTestStore(t, f)
+	// At 4 requests per second the ninth would start after 2 s.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { _, _, errs[i] = s.Get(ctx, fmt.Sprint("k", i)) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+// countingTransport counts response bodies opened and closed.
+type countingTransport struct {
+	base           http.RoundTripper
+	opened, closed atomic.Int64
+}
+
+type countingBody struct {
+	io.ReadCloser
+	t    *countingTransport
+	once sync.Once
+}
+
+func (b *countingBody) Close() error {
+	b.once.Do(func() { b.t.closed.Add(1) })
+	return b.ReadCloser.Close()
+}
+
+func (t *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(r)
+	if err == nil {
+		t.opened.Add(1)
+		resp.Body = &countingBody{ReadCloser: resp.Body, t: t}
+	}
+	return resp, err
+}
+
+func TestResponseBodiesAlwaysClosed(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	ct := &countingTransport{base: http.DefaultTransport}
+	s := newTestStore(t, f, func(c *Config) { c.HTTPClient = &http.Client{Transport: ct} })
+	ctx := context.Background()
+
+	require.NoError(t, s.Put(ctx, "k", []byte("v"), time.Minute)) // 200
+	_, _, err := s.Get(ctx, "k")                                  // 200
+	require.NoError(t, err)
+	_, _, err = s.Get(ctx, "missing") // 404 10009
+	require.NoError(t, err)
+	require.Error(t, s.Put(ctx, "k", []byte("v"), time.Minute)) // 429: second write within a second
+	clock.Advance(time.Minute)
+	f.set(func(f *fakeAPI) { f.outage = http.StatusBadGateway })
+	_, _, err = s.Get(ctx, "k") // 502, which the SDK leaves open
+	require.Error(t, err)
+	require.EqualValues(t, 5, ct.opened.Load())
+	require.Equal(t, ct.opened.Load(), ct.closed.Load())
+}
+
+func TestBudgetBoundsPlainMode(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	s := newTestStore(t, f, func(c *Config) { c.Budget, c.BudgetPeriod = 3, time.Minute })
+	ctx := context.Background()
+	for range 3 {
+		_, _, err := s.Get(ctx, "k")
+		require.NoError(t, err)
+	}
+	_, _, err := s.Get(ctx, "k")
+	require.ErrorIs(t, err, ErrBudgetExhausted)
+	require.EqualValues(t, 3, f.calls.Load())
+	clock.Advance(time.Minute)
+	_, _, err = s.Get(ctx, "k")
+	require.NoError(t, err)
+}
+
+func TestConfigFromEnv(t *testing.T) {
+	env := map[string]string{EnvAPIToken: "tok", EnvAccountID: " acc ", EnvNamespaceID: "ns"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	cfg, err := ConfigFromEnv(lookup)
+	require.NoError(t, err)
+	require.Equal(t, Config{APIToken: "tok", AccountID: "acc", NamespaceID: "ns"}, cfg)
+
+	delete(env, EnvAPIToken)
+	env[EnvNamespaceID] = "  "
+	_, err = ConfigFromEnv(lookup)
+	require.ErrorIs(t, err, ErrNotConfigured)
+	require.EqualError(t, err, "cloudflarekv: not configured: CLOUDFLARE_API_TOKEN, RATE_LIMIT_KV_NAMESPACE_ID not set")
+}
+
+func TestConstructorsRejectBadConfig(t *testing.T) {
+	_, err := NewStore(Config{AccountID: "a/b", NamespaceID: "", BaseURL: "ftp://x", Budget: 5000})
+	require.Error(t, err)
+	for _, want := range []string{
+		"cloudflarekv: Config.APIToken is empty",
+		`cloudflarekv: Config.AccountID "a/b" is not a Cloudflare account id`,
+		`cloudflarekv: Config.NamespaceID "" is not a Workers KV namespace id`,
+		`cloudflarekv: Config.BaseURL "ftp://x" is not an http(s) URL`,
+		"cloudflarekv: Config.Budget 5000 per 5m0s is more than Cloudflare's 1200 per 5m",
+	} {
+		require.ErrorContains(t, err, want)
+	}
+	_, err = NewSynced(Config{APIToken: "t", AccountID: "a", NamespaceID: "n", SyncInterval: 1500 * time.Millisecond, InstanceID: "has space", CallTimeout: -1})
+	for _, want := range []string{
+		"cloudflarekv: Config.SyncInterval 1.5s must be a whole number of seconds, at least 1s",
+		`cloudflarekv: Config.InstanceID "has space" must be 1 to 64`,
+		"cloudflarekv: Config.CallTimeout -1ns must be positive",
+	} {
+		require.ErrorContains(t, err, want)
+	}
+	s, err := NewSynced(Config{APIToken: "t", AccountID: "a", NamespaceID: "n"})
+	require.NoError(t, err)
+	require.True(t, validInstance(s.InstanceID()), s.InstanceID())
+	require.Equal(t, 20, s.perSync, "600 per 5 minutes, synced every 10 s")
+}
+
+func TestAPIErrorMessage(t *testing.T) {
+	err := error(&APIError{Op: "get", Key: "k", Status: 429, Code: 971, Message: "Please wait", RetryAfter: 30 * time.Second})
+	require.EqualError(t, err, `cloudflarekv: get "k": HTTP 429, code 971: Please wait (retry after 30s)`)
+	require.True(t, errors.Is(err, ErrRateLimited))
+	require.False(t, errors.Is(err, ErrConfiguration))
+	require.True(t, errors.Is(&APIError{Status: 401}, ErrConfiguration))
+	require.False(t, errors.Is(&APIError{Status: 404, Code: CodeKeyNotFound}, ErrConfiguration))
+	require.Equal(t, 30*time.Second, parseRetryAfter(" 30 "))
+	require.Zero(t, parseRetryAfter("soon"))
+}

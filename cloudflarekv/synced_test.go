@@ -1,0 +1,537 @@
+package cloudflarekv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kilat-dev/ratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+func newTestSynced(t *testing.T, f *fakeAPI, id string, edit ...func(*Config)) *Synced {
+	t.Helper()
+	cfg := f.config()
+	cfg.InstanceID = id
+	for _, e := range edit {
+		e(&cfg)
+	}
+	s, err := NewSynced(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	return s
+}
+
+func newTestLimiter(t *testing.T, store ratelimit.KV, clock *fakeClock, max int) *ratelimit.Limiter {
+	t.Helper()
+	l, err := ratelimit.New(ratelimit.Options{Scope: "auth", Max: max, Window: time.Minute, Store: store, Now: clock.Now,
+		OnError: func(_ *http.Request, err error) { t.Errorf("store error: %v", err) }})
+	require.NoError(t, err)
+	return l
+}
+
+func clientRequest(ip string) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/login", nil)
+	r.RemoteAddr = ip + ":50000"
+	return r
+}
+
+const burstKey = "ratelimit:auth:203.0.113.7"
+
+func decodeValue(t *testing.T, f *fakeAPI, key string) syncedValue {
+	t.Helper()
+	raw, ok := f.value(key)
+	require.True(t, ok, "no value for %q", key)
+	var v syncedValue
+	require.NoError(t, json.Unmarshal([]byte(raw), &v))
+	return v
+}
+
+func TestSyncedCountsLocallyWithoutCalls(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	s := newTestSynced(t, f, "a")
+	ctx := context.Background()
+
+	for i := 1; i <= 5; i++ {
+		n, err := s.Increment(ctx, "k", t0, 2*time.Minute)
+		require.NoError(t, err)
+		require.EqualValues(t, i, n)
+	}
+	n, _ := s.Increment(ctx, "other", t0, 2*time.Minute)
+	require.EqualValues(t, 1, n, "keys are counted apart")
+	n, _ = s.Increment(ctx, "k", t0.Add(time.Minute), 2*time.Minute)
+	require.EqualValues(t, 1, n, "a new window starts from zero")
+	n, _ = s.Increment(ctx, "k", t0, 2*time.Minute)
+	require.EqualValues(t, 2, n, "a late call for the old window counts in the current one")
+	require.Zero(t, f.calls.Load(), "Increment never calls the API")
+}
+
+func TestSyncedDropsEntriesWhenTheirWindowEnds(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	s := newTestSynced(t, f, "a", func(c *Config) { c.Budget = 1 })
+	for i := range 1000 {
+		_, err := s.Increment(context.Background(), fmt.Sprint("ratelimit:global:10.0.", i/256, ".", i%256), t0, 2*time.Minute)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1000, s.Stats().Keys)
+	clock.Set(t0.Add(time.Minute - time.Nanosecond))
+	_ = s.Sync(context.Background())
+	require.Equal(t, 1000, s.Stats().Keys, "the window has not ended yet")
+	clock.Set(t0.Add(time.Minute))
+	require.NoError(t, s.Sync(context.Background()))
+	require.Zero(t, s.Stats().Keys, "memory is given back when the window ends")
+}
+
+func TestSyncedMergesInstancesAndKeepsSeedFormat(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a, b := newTestSynced(t, f, "a"), newTestSynced(t, f, "b")
+	ctx := context.Background()
+	incr := func(s *Synced, times int) (n int64) {
+		for range times {
+			n, _ = s.Increment(ctx, burstKey, t0, 2*time.Minute)
+		}
+		return n
+	}
+	incr(a, 5)
+	incr(b, 3)
+	require.NoError(t, a.Sync(ctx)) // reads nothing, writes a=5
+	v := decodeValue(t, f, burstKey)
+	require.Equal(t, t0.Unix(), *v.Window)
+	require.EqualValues(t, 5, *v.Count)
+	require.Equal(t, map[string]int64{"a": 5}, v.Instances)
+
+	clock.Advance(time.Second)
+	require.NoError(t, b.Sync(ctx)) // reads a=5, writes a=5,b=3
+	v = decodeValue(t, f, burstKey)
+	require.EqualValues(t, 8, *v.Count, "count is the fleet's sum, which the seed's Worker reads")
+	require.Equal(t, map[string]int64{"a": 5, "b": 3}, v.Instances)
+	require.EqualValues(t, 9, incr(b, 1), "b's 4 and a's 5")
+
+	clock.Advance(time.Second)
+	require.NoError(t, a.Sync(ctx)) // reads b=3; a is not dirty
+	require.EqualValues(t, 6+3, incr(a, 1))
+	f.mu.Lock()
+	for _, ttl := range f.ttls {
+		require.Equal(t, 120, ttl, "the seed's TTL of twice the window")
+	}
+	f.mu.Unlock()
+	require.Zero(t, f.rejected.Load())
+
+	// The root package's parser reads the value as the seed's {"window","count"}.
+	kv := ratelimit.NewMemoryKV()
+	raw, _ := f.value(burstKey)
+	require.NoError(t, kv.Put(ctx, burstKey, []byte(raw), time.Minute))
+	l := newTestLimiter(t, struct{ ratelimit.KV }{kv}, clock, 30) // hides Counter: Get, then Put
+	res, err := l.Allow(clientRequest("203.0.113.7"))
+	require.NoError(t, err)
+	require.Equal(t, 30-8-1, res.Remaining, "a seed-format reader sees the count of 8")
+}
+
+// b writes without having seen a's count (a lost update); a notices its count is missing at
+// its next read and writes it again.
+func TestSyncedLostUpdateHeals(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a, b := newTestSynced(t, f, "a"), newTestSynced(t, f, "b")
+	ctx := context.Background()
+	for range 4 {
+		a.Increment(ctx, burstKey, t0, 2*time.Minute)
+		b.Increment(ctx, burstKey, t0, 2*time.Minute)
+	}
+	// b syncs first (nothing there yet) but its write lands after a's.
+	require.NoError(t, b.Sync(ctx))
+	clock.Advance(time.Second)
+	require.NoError(t, a.Sync(ctx)) // reads b=4, writes a=4,b=4
+	f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4}}`, t0.Unix()), 2*time.Minute)
+
+	clock.Advance(time.Second)
+	require.NoError(t, a.Sync(ctx)) // reads: a missing -> writes again
+	v := decodeValue(t, f, burstKey)
+	require.Equal(t, map[string]int64{"a": 4, "b": 4}, v.Instances)
+	require.EqualValues(t, 8, *v.Count)
+}
+
+// A second write to a key within a second is refused by Workers KV; in a bulk write the key comes
+// back in unsuccessful_keys, which the SDK's WriteWorkersKVEntries would drop. The store reads
+// them, reports them, and writes the key again at the next sync.
+func TestSyncedRetriesUnsuccessfulKeys(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a, b := newTestSynced(t, f, "a"), newTestSynced(t, f, "b")
+	ctx := context.Background()
+	a.Increment(ctx, burstKey, t0, 2*time.Minute)
+	b.Increment(ctx, burstKey, t0, 2*time.Minute)
+	b.Increment(ctx, "ratelimit:auth:198.51.100.2", t0, 2*time.Minute)
+	require.NoError(t, a.Sync(ctx))
+	err := b.Sync(ctx) // same second: burstKey refused, the other key accepted
+	require.ErrorContains(t, err, "1 of 2 keys unsuccessful")
+	require.EqualValues(t, 1, b.Stats().UnsuccessfulKeys)
+	require.EqualValues(t, 1, b.Stats().PairsWritten)
+
+	clock.Advance(time.Second)
+	require.NoError(t, b.Sync(ctx))
+	v := decodeValue(t, f, burstKey)
+	require.Equal(t, map[string]int64{"a": 1, "b": 1}, v.Instances)
+	require.EqualValues(t, 2, b.Stats().PairsWritten)
+	require.EqualValues(t, 1, f.unsuccessful.Load())
+}
+
+func TestSyncedWritesEachKeyAtMostOncePerSecond(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a := newTestSynced(t, f, "a")
+	ctx := context.Background()
+	a.Increment(ctx, burstKey, t0, 2*time.Minute)
+	require.NoError(t, a.Sync(ctx))
+	a.Increment(ctx, burstKey, t0, 2*time.Minute)
+	clock.Advance(999 * time.Millisecond)
+	require.NoError(t, a.Sync(ctx))
+	require.EqualValues(t, 1, a.Stats().BulkWrites, "not written again within the second")
+	clock.Advance(time.Millisecond)
+	require.NoError(t, a.Sync(ctx))
+	require.EqualValues(t, 2, a.Stats().BulkWrites)
+	require.Zero(t, f.rejected.Load()+f.unsuccessful.Load())
+}
+
+func TestSyncedBulkWritesManyKeysInOneCall(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a := newTestSynced(t, f, "a", func(c *Config) { c.Budget, c.SyncInterval = 60, 10*time.Second })
+	ctx := context.Background()
+	for i := range 2500 {
+		a.Increment(ctx, fmt.Sprint("ratelimit:global:10.1.", i/256, ".", i%256), t0, 2*time.Minute)
+	}
+	require.NoError(t, a.Sync(ctx))
+	st := a.Stats()
+	require.EqualValues(t, 1, st.BulkWrites)
+	require.EqualValues(t, 2500, st.PairsWritten)
+	require.EqualValues(t, 1, a.perSync-int(st.Reads), "60 per 5 minutes every 10 s: 2 calls, 1 read and 1 write")
+	require.Equal(t, st.Calls, f.calls.Load())
+}
+
+func TestSyncedStaysWithinBudget(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a := newTestSynced(t, f, "a", func(c *Config) { c.Budget, c.BudgetPeriod, c.SyncInterval = 6, time.Minute, 20*time.Second })
+	require.Equal(t, 2, a.perSync)
+	ctx := context.Background()
+	for i := range 50 {
+		a.Increment(ctx, fmt.Sprint("k", i), t0, 10*time.Minute)
+	}
+	var errs []error
+	for range 10 {
+		errs = append(errs, a.Sync(ctx))
+		clock.Advance(time.Second)
+	}
+	require.EqualValues(t, 6, f.calls.Load(), "never more than the budget")
+	require.ErrorIs(t, errors.Join(errs...), ErrBudgetExhausted)
+	clock.Advance(time.Minute)
+	require.NoError(t, a.Sync(ctx))
+	require.EqualValues(t, 8, f.calls.Load())
+}
+
+func TestSyncedBacksOffOn429AndKeepsCounting(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	f.set(func(f *fakeAPI) { f.budget, f.retryAfter = 1, 45 }) // another user of the token spent it
+	a := newTestSynced(t, f, "a")
+	ctx := context.Background()
+	a.Increment(ctx, burstKey, t0, 10*time.Minute)
+	a.Increment(ctx, "k2", t0, 10*time.Minute)
+
+	err := a.Sync(ctx) // one read passes, the second gets 429: the sync stops there
+	var ae *APIError
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, 45*time.Second, ae.RetryAfter)
+	require.EqualValues(t, 2, f.calls.Load())
+	require.Equal(t, t0.Add(45*time.Second), a.Stats().PausedUntil)
+
+	clock.Advance(44 * time.Second)
+	require.ErrorIs(t, a.Sync(ctx), ErrPaused)
+	require.EqualValues(t, 2, f.calls.Load(), "paused: no call")
+	n, err := a.Increment(ctx, burstKey, t0, 10*time.Minute)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "counting goes on")
+
+	clock.Advance(5 * time.Minute)
+	require.NoError(t, a.Sync(ctx))
+}
+
+func TestSyncedHungAPINeverHoldsARequest(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a := newTestSynced(t, f, "a", func(c *Config) { c.CallTimeout = time.Minute })
+	l := newTestLimiter(t, a, clock, 1000)
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := l.Allow(clientRequest("203.0.113.7"))
+	require.NoError(t, err)
+
+	f.setHang(true)
+	syncDone := make(chan error)
+	go func() { syncDone <- a.Sync(ctx) }()
+	require.Eventually(t, func() bool { return f.inFlight.Load() == 1 }, 5*time.Second, time.Millisecond)
+	start := time.Now()
+	for range 100 {
+		res, err := l.Allow(clientRequest("203.0.113.7"))
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+	}
+	require.Less(t, time.Since(start), time.Second, "bound check: requests do not wait for a hung sync")
+	cancel()
+	require.ErrorIs(t, <-syncDone, context.Canceled)
+}
+
+func TestSyncedReadsSeedWorkerValue(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a := newTestSynced(t, f, "a")
+	ctx := context.Background()
+	a.Increment(ctx, burstKey, t0, 2*time.Minute)
+	f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":10}`, t0.Unix()), 2*time.Minute)
+	require.NoError(t, a.Sync(ctx))
+	n, _ := a.Increment(ctx, burstKey, t0, 2*time.Minute)
+	require.EqualValues(t, 12, n, "the Worker's 10 and our 2")
+	v := decodeValue(t, f, burstKey)
+	require.Equal(t, map[string]int64{"a": 1, seedInstance: 10}, v.Instances)
+}
+
+func TestSyncedRunAndClose(t *testing.T) {
+	f := newFakeAPI(newFakeClock(t0))
+	defer f.Close()
+	a := newTestSynced(t, f, "a", func(c *Config) { c.SyncInterval = time.Second })
+	ran := make(chan error)
+	go func() { ran <- a.Run(context.Background()) }()
+	require.Eventually(t, func() bool { a.runMu.Lock(); defer a.runMu.Unlock(); return a.running }, 5*time.Second, time.Millisecond)
+	require.ErrorContains(t, a.Run(context.Background()), "Run called twice")
+	require.NoError(t, a.Close())
+	require.NoError(t, <-ran, "Close stops Run, and Run has returned when Close does")
+	require.ErrorIs(t, a.Run(context.Background()), ErrClosed)
+	require.NoError(t, a.Close(), "Close is idempotent")
+
+	b := newTestSynced(t, f, "b")
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { ran <- b.Run(ctx) }()
+	cancel()
+	require.ErrorIs(t, <-ran, context.Canceled)
+}
+
+func TestSyncSlotsArePhasedByInstance(t *testing.T) {
+	f := newFakeAPI(newFakeClock(t0))
+	defer f.Close()
+	phases := map[time.Duration]bool{}
+	for _, id := range []string{"web-1", "web-2", "web-3"} {
+		s := newTestSynced(t, f, id, func(c *Config) { c.SyncInterval = 10 * time.Second })
+		d := s.untilNextSync(t0)
+		require.Greater(t, d, time.Duration(0))
+		require.LessOrEqual(t, d, 10*time.Second)
+		require.Zero(t, d%time.Second, "slots fall on whole seconds")
+		phases[d] = true
+		next := t0.Add(d)
+		require.Equal(t, 10*time.Second, s.untilNextSync(next), "then every interval")
+		require.Equal(t, d-300*time.Millisecond, s.untilNextSync(t0.Add(300*time.Millisecond)))
+	}
+	require.Len(t, phases, 3, "these three IDs sync in different seconds")
+}
+
+func TestSyncErrorsAreReported(t *testing.T) {
+	f := newFakeAPI(newFakeClock(t0))
+	defer f.Close()
+	var got []error
+	a := newTestSynced(t, f, "a", func(c *Config) { c.OnSyncError = func(err error) { got = append(got, err) } })
+	a.report(fmt.Errorf("%w until later", ErrPaused))
+	boom := &APIError{Op: "get", Status: 500}
+	a.report(boom)
+	require.Equal(t, []error{boom}, got, "a pause is not reported again")
+}
+
+// burst drives three real limiters, each with its own Synced store, against one fake API and
+// one client. Instance i syncs at the whole seconds s with s%3 == i (SyncInterval 3 s), as Run
+// does with distinct phases, so no two instances write a key in the same second.
+type burst struct {
+	clock    *fakeClock
+	f        *fakeAPI
+	stores   []*Synced
+	limiters []*ratelimit.Limiter
+	nextSync []time.Time
+	admitted int
+}
+
+const (
+	burstInstances = 3
+	burstMax       = 30
+	burstBudget    = 200 // per instance per 5 minutes: 2 calls per 3-second sync
+	burstInterval  = 3 * time.Second
+)
+
+func newBurst(t *testing.T) *burst {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	t.Cleanup(f.Close)
+	// The fake API allows the fleet exactly its budget: a call past it would be rejected.
+	f.set(func(f *fakeAPI) { f.budget = burstInstances * burstBudget })
+	b := &burst{clock: clock, f: f}
+	for i := range burstInstances {
+		s := newTestSynced(t, f, fmt.Sprint("web-", i), func(c *Config) {
+			c.Budget, c.SyncInterval = burstBudget, burstInterval
+		})
+		b.stores = append(b.stores, s)
+		b.limiters = append(b.limiters, newTestLimiter(t, s, clock, burstMax))
+		b.nextSync = append(b.nextSync, t0.Add(time.Duration(i)*time.Second))
+	}
+	return b
+}
+
+// advance moves the clock to at, running every sync that falls due on the way.
+func (b *burst) advance(t *testing.T, at time.Time) {
+	for {
+		i := 0
+		for j := range b.nextSync {
+			if b.nextSync[j].Before(b.nextSync[i]) {
+				i = j
+			}
+		}
+		if b.nextSync[i].After(at) {
+			break
+		}
+		b.clock.Set(b.nextSync[i])
+		require.NoError(t, b.stores[i].Sync(context.Background()))
+		b.nextSync[i] = b.nextSync[i].Add(burstInterval)
+	}
+	b.clock.Set(at)
+}
+
+func (b *burst) request(t *testing.T, instance int) bool {
+	res, err := b.limiters[instance].Allow(clientRequest("203.0.113.7"))
+	require.NoError(t, err)
+	if res.Allowed {
+		b.admitted++
+	}
+	return res.Allowed
+}
+
+func (b *burst) check(t *testing.T) (calls int64) {
+	t.Helper()
+	require.Zero(t, b.f.rejected.Load(), "the API rejected no call")
+	require.Zero(t, b.f.unsuccessful.Load(), "and no key of a bulk write")
+	for _, s := range b.stores {
+		calls += s.Stats().Calls
+	}
+	require.Equal(t, b.f.calls.Load(), calls)
+	require.LessOrEqual(t, calls, int64(burstInstances*burstBudget), "within the fleet's budget")
+	return calls
+}
+
+// 2,000 requests from one client across three instances in 4 seconds: far faster than the sync
+// interval, so each instance admits its M before it hears of the others (the bound's worst
+// case, N×M), then all of them deny for the rest of the window, with a handful of API calls.
+func TestBurstAcrossThreeInstances(t *testing.T) {
+	b := newBurst(t)
+	const requests = 2000
+	for k := range requests {
+		b.advance(t, t0.Add(time.Duration(k)*2*time.Millisecond))
+		b.request(t, k%burstInstances)
+	}
+	b.advance(t, t0.Add(10*time.Second))
+	calls := b.check(t)
+	require.LessOrEqual(t, b.admitted, burstInstances*burstMax, "the documented bound N×M")
+	require.GreaterOrEqual(t, b.admitted, burstMax)
+	for i := range burstInstances {
+		n, _ := b.stores[i].Increment(context.Background(), burstKey, t0, 2*time.Minute)
+		require.Greater(t, n, int64(burstInstances*burstMax), "instance %d knows the fleet's count", i)
+	}
+	t.Logf("burst: %d requests, %d admitted (max %d, bound N×M = %d), %d API calls (budget %d)",
+		requests, b.admitted, burstMax, burstInstances*burstMax, calls, burstInstances*burstBudget)
+}
+
+// One request per second per instance for a whole window: slower than the sync, so the
+// overshoot is bounded by what the others admit within the lag L = 2 × SyncInterval (the fake
+// API's reads see writes at once, so D = 0): M + (N−1)·r·L.
+func TestPacedTrafficStaysWithinSyncBound(t *testing.T) {
+	b := newBurst(t)
+	const r = 1 // requests per second per instance
+	lag := 2 * burstInterval
+	for sec := range 60 {
+		for i := range burstInstances {
+			b.advance(t, t0.Add(time.Duration(sec)*time.Second+time.Duration(i+1)*100*time.Millisecond))
+			b.request(t, i)
+		}
+	}
+	calls := b.check(t)
+	bound := burstMax + (burstInstances-1)*r*int(lag/time.Second)
+	require.LessOrEqual(t, b.admitted, bound)
+	require.Less(t, b.admitted, burstInstances*burstMax, "syncing beats counting alone")
+	t.Logf("paced: %d requests, %d admitted (max %d, bound M+(N-1)·r·L = %d), %d API calls",
+		60*burstInstances, b.admitted, burstMax, bound, calls)
+}
+
+func TestSyncedConcurrentUse(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a := newTestSynced(t, f, "a")
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 500 {
+				a.Increment(ctx, fmt.Sprint("k", (g*500+i)%50), t0, 2*time.Minute)
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 5 {
+			clock.Advance(time.Second)
+			_ = a.Sync(ctx)
+		}
+	})
+	wg.Wait()
+	var total int64
+	for i := range 50 {
+		n, _ := a.Increment(ctx, fmt.Sprint("k", i), t0, 2*time.Minute)
+		total += n - 1
+	}
+	require.EqualValues(t, 8*500, total, "exact under concurrency")
+}
+
+// With calls for one read, the key with the most new requests is the one read.
+func TestSyncedReadsTheBusiestKeysFirst(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a := newTestSynced(t, f, "a", func(c *Config) { c.Budget, c.SyncInterval = 60, 10*time.Second }) // 2 calls per sync
+	ctx := context.Background()
+	for _, key := range []string{"cold-1", "hot", "cold-2"} {
+		f.store(key, fmt.Sprintf(`{"window":%d,"count":7,"instances":{"b":7}}`, t0.Unix()), time.Hour)
+	}
+	a.Increment(ctx, "cold-1", t0, 2*time.Minute)
+	for range 20 {
+		a.Increment(ctx, "hot", t0, 2*time.Minute)
+	}
+	a.Increment(ctx, "cold-2", t0, 2*time.Minute)
+	require.NoError(t, a.Sync(ctx)) // 1 read (1 call kept for the bulk write)
+	require.EqualValues(t, 1, a.Stats().Reads)
+	n, _ := a.Increment(ctx, "hot", t0, 2*time.Minute)
+	require.EqualValues(t, 21+7, n, "the hot key was read")
+	n, _ = a.Increment(ctx, "cold-1", t0, 2*time.Minute)
+	require.EqualValues(t, 2, n, "the cold keys wait for spare calls")
+}
