@@ -33,6 +33,6 @@
 //		layers.Auth.Store, layers.Global.Store = store, store
 //	} // else: log err; both layers fail open and log it once
 //
-// Assign the store to ratelimit.Options.Store only when it was built: a nil *Synced in the
-// interface is not a nil store.
+// A nil *Synced left in ratelimit.Options.Store by a failed constructor counts as no store: the
+// layer fails open and says so once, as with a nil Store.
 package cloudflarekv
