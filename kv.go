@@ -34,7 +34,8 @@ type Counter interface {
 	// Increment adds one to the count of key for the window that starts at window and returns
 	// the count including this call. A stored count that belongs to any other window is
 	// discarded first, so each window starts from zero. The store keeps the count for at least
-	// ttl after the call.
+	// ttl after the call; the limiter always passes twice the window's length, as the seed does,
+	// so the window ends at window + ttl/2.
 	Increment(ctx context.Context, key string, window time.Time, ttl time.Duration) (count int64, err error)
 }
 
@@ -103,7 +104,7 @@ type valueEntry struct {
 
 type memoryShard struct {
 	mu           sync.Mutex
-	counters     map[string]counterEntry
+	counters     map[string]*counterEntry
 	values       map[string]valueEntry
 	countersPeak int
 	valuesPeak   int
@@ -118,13 +119,23 @@ func (m *MemoryKV) clock() int64 {
 	return m.now().UnixNano()
 }
 
-// shardOf hashes key with FNV-1a; it takes strings and byte slices alike without converting.
+// shardOf hashes key eight bytes at a time and mixes the result with the finaliser of
+// MurmurHash3; it takes strings and byte slices alike without converting.
 func shardOf[K string | []byte](key K) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= 16777619
+	h := uint64(len(key)) * 0x9e3779b97f4a7c15
+	i := 0
+	for ; i+8 <= len(key); i += 8 {
+		w := uint64(key[i]) | uint64(key[i+1])<<8 | uint64(key[i+2])<<16 | uint64(key[i+3])<<24 |
+			uint64(key[i+4])<<32 | uint64(key[i+5])<<40 | uint64(key[i+6])<<48 | uint64(key[i+7])<<56
+		h = (h ^ w) * 0xff51afd7ed558ccd
+		h ^= h >> 32
 	}
+	for ; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * 0x100000001b3
+	}
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
 	return int(h % memoryShards)
 }
 
@@ -168,27 +179,33 @@ func (m *MemoryKV) Increment(_ context.Context, key string, window time.Time, tt
 // increment is the allocation-free path the limiter takes when its store is a MemoryKV: the key
 // is a byte slice on the caller's stack and is copied into a string only for a new entry.
 func increment[K string | []byte](m *MemoryKV, key K, window int64, ttl time.Duration) int64 {
-	now := m.clock()
+	return incrementAt(m, key, window, ttl, m.clock())
+}
+
+// incrementAt is increment at the time now, in Unix nanoseconds of m's clock. An existing entry
+// is updated through its pointer, so the map is only read, never assigned, and m[string(key)]
+// does not allocate.
+func incrementAt[K string | []byte](m *MemoryKV, key K, window int64, ttl time.Duration, now int64) int64 {
 	s := &m.shards[shardOf(key)]
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, ok := s.counters[string(key)]
-	if !ok || e.window != window || e.expires <= now {
-		e = counterEntry{window: window}
+	e := s.counters[string(key)]
+	switch {
+	case e == nil:
+		s.sweep(now)
+		if s.counters == nil {
+			s.counters = make(map[string]*counterEntry)
+		}
+		e = &counterEntry{window: window}
+		s.counters[string(key)] = e
+		s.countersPeak = max(s.countersPeak, len(s.counters))
+	case e.window != window || e.expires <= now:
+		*e = counterEntry{window: window}
 	}
 	e.count++
 	e.expires = now + int64(ttl)
-	if !ok {
-		s.sweep(now)
-		if s.counters == nil {
-			s.counters = make(map[string]counterEntry)
-		}
-	}
-	s.counters[string(key)] = e
-	if !ok {
-		s.countersPeak = max(s.countersPeak, len(s.counters))
-	}
-	return e.count
+	count := e.count
+	s.mu.Unlock()
+	return count
 }
 
 // peek returns the count of key in window without changing it; ok is false when there is none.
@@ -196,9 +213,13 @@ func peek(m *MemoryKV, key []byte, window int64) (count int64, ok bool) {
 	now := m.clock()
 	s := &m.shards[shardOf(key)]
 	s.mu.Lock()
-	e, found := s.counters[string(key)]
+	p := s.counters[string(key)]
+	var e counterEntry
+	if p != nil {
+		e = *p
+	}
 	s.mu.Unlock()
-	if !found || e.window != window || e.expires <= now {
+	if p == nil || e.window != window || e.expires <= now {
 		return 0, false
 	}
 	return e.count, true
@@ -224,7 +245,7 @@ func (s *memoryShard) sweep(now int64) {
 		return
 	}
 	s.nextSweep = now + sweepEvery
-	s.counters, s.countersPeak = sweepMap(s.counters, s.countersPeak, func(e counterEntry) bool { return e.expires <= now })
+	s.counters, s.countersPeak = sweepMap(s.counters, s.countersPeak, func(e *counterEntry) bool { return e.expires <= now })
 	s.values, s.valuesPeak = sweepMap(s.values, s.valuesPeak, func(e valueEntry) bool { return e.expires <= now })
 }
 

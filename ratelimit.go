@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -62,6 +63,10 @@ const (
 // maxWindowSeconds bounds a window to 365 days, far from any overflow of twice the window.
 const maxWindowSeconds = 365 * 24 * 60 * 60
 
+// nanoSafeSeconds bounds the Unix times, in seconds, whose window end in Unix nanoseconds fits in
+// an int64 (the years 1678 to 2261).
+const nanoSafeSeconds = (1<<63-1)/int64(time.Second) - maxWindowSeconds
+
 // Options configures one layer. The zero value of every field but Scope, Max and Window is a
 // documented default.
 type Options struct {
@@ -82,8 +87,8 @@ type Options struct {
 	// ExemptPaths are never counted, even when they match Paths. Same patterns as Paths.
 	ExemptPaths []string
 	// Store keeps the counters. When it also implements [Counter], counting is atomic and exact;
-	// otherwise the limiter reads, then writes the seed's JSON value. Nil means the layer fails
-	// open: it passes every request, and New logs one warning.
+	// otherwise the limiter reads, then writes the seed's JSON value. Nil, or a nil pointer, means
+	// the layer fails open: it passes every request, and New logs one warning.
 	Store KV
 	// ClientIP finds the client's address. Default: [RemoteAddrIP].
 	ClientIP ClientIPFunc
@@ -142,6 +147,7 @@ type Limiter struct {
 
 	passAll bool // disabled or without a store: the middleware is the next handler itself
 	mem     *MemoryKV
+	memNow  bool // the layer and mem both read time.Now, so Allow's one reading serves both
 	counter Counter
 	kv      KV
 	denied  *MemoryKV // clients over the limit, so a remote store is not asked again this window
@@ -157,6 +163,12 @@ type Limiter struct {
 	// Header values that never change, computed once.
 	policyValue []string
 	limitValue  []string
+	// Header values of responses with nothing remaining (every denied one), which change only
+	// with the seconds left in the window: a flood of denied requests shares them.
+	exhausted atomic.Pointer[exhaustedValues]
+	// Recent RateLimit values with something remaining, by remaining count: a value depends only
+	// on the remaining count and the seconds left, and in a busy second many clients share it.
+	rateLimitValues [rateLimitValueSlots]atomic.Pointer[rateLimitEntry]
 
 	logger      *slog.Logger
 	lastLogged  atomic.Int64 // Unix nanoseconds of the last default OnError log line
@@ -240,19 +252,31 @@ func New(opts Options) (*Limiter, error) {
 	case opts.Max <= 0:
 		l.passAll = true
 		l.logger.Info("ratelimit: layer disabled because its max is zero or less", "scope", opts.Scope)
-	case opts.Store == nil:
+	case isNil(opts.Store):
 		l.passAll = true
 		l.logger.Warn("ratelimit: no store configured; the layer fails open and lets every request through", "scope", opts.Scope)
 	default:
 		l.kv = opts.Store
 		if mem, ok := opts.Store.(*MemoryKV); ok {
 			l.mem = mem
+			l.memNow = opts.Now == nil && mem.now == nil
 		} else {
 			l.counter, _ = opts.Store.(Counter)
 			l.denied = NewMemoryKV(WithClock(l.now))
 		}
 	}
 	return l, nil
+}
+
+// isNil reports whether store is nil or a nil pointer in a non-nil interface, such as a
+// (*cloudflarekv.Synced)(nil) left by a failed constructor: both mean "no store", never a panic at
+// request time.
+func isNil(store KV) bool {
+	if store == nil {
+		return true
+	}
+	v := reflect.ValueOf(store)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 func checkScope(scope string) error {
@@ -272,7 +296,7 @@ func (l *Limiter) Scope() string { return l.scope }
 
 // Allow decides whether r may proceed. It is shorthand for AllowAt(r, now) with the layer's clock.
 func (l *Limiter) Allow(r *http.Request) (Result, error) {
-	return l.AllowAt(r, l.now())
+	return l.allowAt(r, l.now(), l.memNow)
 }
 
 // AllowAt decides whether r, arriving at now, may proceed, and counts it.
@@ -282,6 +306,13 @@ func (l *Limiter) Allow(r *http.Request) (Result, error) {
 // after a store failure it is uncounted and Allowed unless [Options.FailClosed] is set, and after
 // a corrupt value the request counts as the first of a fresh window.
 func (l *Limiter) AllowAt(r *http.Request, now time.Time) (Result, error) {
+	return l.allowAt(r, now, false)
+}
+
+// allowAt is AllowAt; memNow tells that now was read from time.Now, which is also the MemoryKV's
+// clock, so that the store need not read the clock again (a clock reading costs about as much as
+// the rest of the MemoryKV path).
+func (l *Limiter) allowAt(r *http.Request, now time.Time, memNow bool) (Result, error) {
 	if l.passAll || !l.filter.match(r.URL.Path) {
 		return Result{Allowed: true}, nil
 	}
@@ -292,8 +323,17 @@ func (l *Limiter) AllowAt(r *http.Request, now time.Time) (Result, error) {
 
 	sec := now.Unix()
 	start := sec - sec%l.windowSec
-	reset := time.Unix(start+l.windowSec, 0).Sub(now)
+	var reset time.Duration
+	if -nanoSafeSeconds < sec && sec < nanoSafeSeconds {
+		// What time.Time.Sub computes, without its overflow checks, which cannot fire here.
+		reset = time.Duration((start+l.windowSec)*int64(time.Second) - now.UnixNano())
+	} else {
+		reset = time.Unix(start+l.windowSec, 0).Sub(now)
+	}
 	if l.mem != nil {
+		if memNow {
+			return l.result(incrementAt(l.mem, key, start*int64(time.Second), l.ttl, now.UnixNano()), reset), nil
+		}
 		return l.result(increment(l.mem, key, start*int64(time.Second), l.ttl), reset), nil
 	}
 	if _, denied := peek(l.denied, key, start); denied {
@@ -404,7 +444,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		default:
 			h := w.Header()
 			l.setHeaders(h, res)
-			h["Retry-After"] = []string{strconv.FormatInt(ceilSeconds(res.RetryAfter), 10)}
+			h["Retry-After"] = l.exhaustedAt(ceilSeconds(res.RetryAfter)).retryAfter
 			if l.deny != nil {
 				l.deny(w, r, res)
 				return
@@ -417,12 +457,15 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 var (
 	tooManyBody     = []byte("Too Many Requests\n")
 	unavailableBody = []byte("Service Unavailable\n")
+	// Header values shared by every response, like policyValue: capacity equals length.
+	plainTextValue = []string{"text/plain; charset=utf-8"}
+	nosniffValue   = []string{"nosniff"}
 )
 
 func writePlain(w http.ResponseWriter, status int, body []byte) {
 	h := w.Header()
-	h["Content-Type"] = []string{"text/plain; charset=utf-8"}
-	h["X-Content-Type-Options"] = []string{"nosniff"}
+	h["Content-Type"] = plainTextValue
+	h["X-Content-Type-Options"] = nosniffValue
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }
@@ -438,20 +481,76 @@ func (l *Limiter) setHeaders(h http.Header, res Result) {
 		// The precomputed slice is shared between responses; its capacity equals its length, so
 		// a later Header().Add copies it instead of writing into it.
 		h["Ratelimit-Policy"] = l.policyValue
-		var buf [96]byte
-		v := append(buf[:0], '"')
-		v = append(v, l.scope...)
-		v = append(v, `";r=`...)
-		v = strconv.AppendInt(v, int64(res.Remaining), 10)
-		v = append(v, ";t="...)
-		v = strconv.AppendInt(v, resetSec, 10)
-		h["Ratelimit"] = []string{string(v)}
+		if res.Remaining == 0 {
+			h["Ratelimit"] = l.exhaustedAt(resetSec).rateLimit
+		} else {
+			h["Ratelimit"] = l.rateLimitValue(res.Remaining, resetSec)
+		}
 	}
 	if l.headers != HeadersStandard {
 		h["X-Ratelimit-Limit"] = l.limitValue
 		h["X-Ratelimit-Remaining"] = []string{strconv.Itoa(res.Remaining)}
 		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(l.now().Add(res.Reset).Unix(), 10)}
 	}
+}
+
+// appendRateLimit appends the value of the RateLimit header: "scope";r=remaining;t=resetSec.
+func (l *Limiter) appendRateLimit(dst []byte, remaining int, resetSec int64) []byte {
+	dst = append(dst, '"')
+	dst = append(dst, l.scope...)
+	dst = append(dst, `";r=`...)
+	dst = strconv.AppendInt(dst, int64(remaining), 10)
+	dst = append(dst, ";t="...)
+	return strconv.AppendInt(dst, resetSec, 10)
+}
+
+// rateLimitValueSlots is the size of a layer's cache of RateLimit values.
+const rateLimitValueSlots = 256
+
+// rateLimitEntry is a cached RateLimit header value, shared between responses and never written
+// to.
+type rateLimitEntry struct {
+	remaining int
+	resetSec  int64
+	value     [1]string
+}
+
+// rateLimitValue returns the RateLimit value for remaining and resetSec from the layer's cache,
+// or builds it (two allocations) and caches it. The returned slice's capacity equals its length,
+// so a later Header().Add copies it.
+func (l *Limiter) rateLimitValue(remaining int, resetSec int64) []string {
+	slot := &l.rateLimitValues[uint(remaining)%rateLimitValueSlots]
+	if v := slot.Load(); v != nil && v.remaining == remaining && v.resetSec == resetSec {
+		return v.value[:]
+	}
+	v := &rateLimitEntry{remaining: remaining, resetSec: resetSec}
+	var buf [96]byte
+	v.value[0] = string(l.appendRateLimit(buf[:0], remaining, resetSec))
+	slot.Store(v)
+	return v.value[:]
+}
+
+// exhaustedValues are the header values of a response with nothing remaining, resetSec seconds
+// before the window ends. They are shared between responses and never written to; each slice's
+// capacity equals its length, so a later Header().Add copies it.
+type exhaustedValues struct {
+	resetSec   int64
+	rateLimit  []string // RateLimit: "scope";r=0;t=resetSec
+	retryAfter []string // Retry-After: resetSec
+}
+
+// exhaustedAt returns the values for resetSec, building them once per second of the window.
+func (l *Limiter) exhaustedAt(resetSec int64) *exhaustedValues {
+	if v := l.exhausted.Load(); v != nil && v.resetSec == resetSec {
+		return v
+	}
+	v := &exhaustedValues{
+		resetSec:   resetSec,
+		rateLimit:  []string{string(l.appendRateLimit(nil, 0, resetSec))},
+		retryAfter: []string{strconv.FormatInt(resetSec, 10)},
+	}
+	l.exhausted.Store(v)
+	return v
 }
 
 // ceilSeconds rounds d up to whole seconds, at least 1: the delay-seconds of Retry-After and the

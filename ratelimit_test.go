@@ -672,3 +672,13 @@ func TestHungStoreCostsExactlyTheDeadline(t *testing.T) {
 		})
 	}
 }
+
+func TestTypedNilStoreMeansNoStore(t *testing.T) {
+	var logs bytes.Buffer
+	var store *MemoryKV // a constructor that failed left a nil pointer
+	l := newLimiter(t, Options{Scope: "auth", Max: 1, Window: time.Minute, Store: store, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	h := l.Handler(okHandler)
+	require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.1:1")).Code)
+	require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.1:1")).Code, "fails open rather than panicking")
+	require.Contains(t, logs.String(), "no store configured")
+}

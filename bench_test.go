@@ -1,0 +1,155 @@
+package ratelimit
+
+import (
+	"context"
+	"net/http"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// In-package benchmarks of the hot path; benchmarks/ compares the library with other limiters.
+
+// benchWriter is a reusable http.ResponseWriter whose header map is cleared between requests.
+type benchWriter struct {
+	h      http.Header
+	status int
+}
+
+func (w *benchWriter) Header() http.Header { return w.h }
+func (w *benchWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+func (w *benchWriter) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return len(b), nil
+}
+func (w *benchWriter) reset() { clear(w.h); w.status = 0 }
+
+func newBenchWriter() *benchWriter { return &benchWriter{h: make(http.Header, 8)} }
+
+var (
+	benchBody = []byte("ok\n")
+	benchOK   = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(benchBody) })
+)
+
+func benchRequest(tb testing.TB, i int) *http.Request {
+	tb.Helper()
+	r, err := http.NewRequest(http.MethodGet, "http://example.com/", nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r.RemoteAddr = ipv4Client(i)
+	return r
+}
+
+func benchHandler(tb testing.TB, max int, headers HeaderStyle) http.Handler {
+	tb.Helper()
+	l, err := New(Options{Scope: "bench", Max: max, Window: time.Hour, Store: NewMemoryKV(), Headers: headers})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l.Handler(benchOK)
+}
+
+// runBench serves one request, from each of clients in turn, through h; every client is seen
+// once before the timer starts. The request is reused: only its RemoteAddr changes.
+func runBench(b *testing.B, h http.Handler, clients []string, want int) {
+	r := benchRequest(b, 0)
+	w := newBenchWriter()
+	for _, addr := range clients {
+		w.reset()
+		r.RemoteAddr = addr
+		h.ServeHTTP(w, r)
+	}
+	b.ReportAllocs()
+	runtime.GC()
+	b.ResetTimer()
+	i := 0
+	for range b.N {
+		w.reset()
+		r.RemoteAddr = clients[i]
+		h.ServeHTTP(w, r)
+		if i++; i == len(clients) {
+			i = 0
+		}
+	}
+	b.StopTimer()
+	if w.status != want {
+		b.Fatalf("status %d, want %d", w.status, want)
+	}
+}
+
+// BenchmarkWithout is the baseline: the handler without any limiter.
+func BenchmarkWithout(b *testing.B) {
+	runBench(b, benchOK, []string{benchRequest(b, 1).RemoteAddr}, http.StatusOK)
+}
+
+func BenchmarkHandler(b *testing.B) {
+	runBench(b, benchHandler(b, 1<<30, HeadersStandard), []string{benchRequest(b, 1).RemoteAddr}, http.StatusOK)
+}
+
+func BenchmarkHandlerNoHeaders(b *testing.B) {
+	runBench(b, benchHandler(b, 1<<30, HeadersNone), []string{benchRequest(b, 1).RemoteAddr}, http.StatusOK)
+}
+
+func BenchmarkHandlerLegacyHeaders(b *testing.B) {
+	runBench(b, benchHandler(b, 1<<30, HeadersLegacy), []string{benchRequest(b, 1).RemoteAddr}, http.StatusOK)
+}
+
+func BenchmarkHandlerDistinct(b *testing.B) {
+	clients := make([]string, 100_000)
+	for i := range clients {
+		clients[i] = ipv4Client(i)
+	}
+	runBench(b, benchHandler(b, 1<<30, HeadersStandard), clients, http.StatusOK)
+}
+
+func BenchmarkHandlerDeny(b *testing.B) {
+	runBench(b, benchHandler(b, 1, HeadersStandard), []string{benchRequest(b, 1).RemoteAddr}, http.StatusTooManyRequests)
+}
+
+func BenchmarkHandlerParallel(b *testing.B) {
+	h := benchHandler(b, 1<<30, HeadersStandard)
+	const perWorker = 1024
+	sets := make([][]string, 64)
+	for g := range sets {
+		sets[g] = make([]string, perWorker)
+		for i := range sets[g] {
+			sets[g][i] = ipv4Client(g*perWorker + i)
+		}
+	}
+	var next atomic.Int64
+	b.ReportAllocs()
+	runtime.GC()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		clients := sets[int(next.Add(1)-1)%len(sets)]
+		r := benchRequest(b, 0)
+		w := newBenchWriter()
+		i := 0
+		for pb.Next() {
+			w.reset()
+			r.RemoteAddr = clients[i]
+			h.ServeHTTP(w, r)
+			if i++; i == len(clients) {
+				i = 0
+			}
+		}
+	})
+}
+
+func BenchmarkMemoryKVIncrement(b *testing.B) {
+	m := NewMemoryKV()
+	ctx := context.Background()
+	window := time.Unix(0, 0)
+	b.ReportAllocs()
+	for range b.N {
+		if _, err := m.Increment(ctx, "ratelimit:bench:10.0.0.1", window, time.Hour); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Side-by-side benchmarks of github.com/kilat-dev/ratelimit and other Go rate limiters.
+#
+#   bash benchmarks/run.sh                  # full run: 6 interleaved rounds, about 6 to 8 minutes on 2 cores
+#   QUICK=1 bash benchmarks/run.sh          # smoke test: 2 short rounds, no memory benchmarks, about 1 minute
+#   COUNT=10 BENCHTIME=500ms bash benchmarks/run.sh
+#
+# The test binary is built once. Every round runs every contender in every scenario once, so the
+# rounds interleave and a burst of noise on a shared machine lands on all contenders alike;
+# benchstat then reports the median of the rounds. Raw results and a copy of the tables go to
+# benchmarks/results/<UTC time>/ (not committed).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+COUNT=${COUNT:-6}
+BENCHTIME=${BENCHTIME:-250ms}
+MEMORY=${MEMORY:-1}
+if [ "${QUICK:-0}" = 1 ]; then
+  COUNT=${QUICK_COUNT:-2}
+  BENCHTIME=50ms
+  MEMORY=0
+fi
+CPUS=$(nproc)
+
+# benchstat, installed with the go command if it is missing.
+BENCHSTAT_VERSION=v0.0.0-20260908200009-22c9c6c9d4da
+BENCHSTAT=$(command -v benchstat || true)
+if [ -z "$BENCHSTAT" ]; then
+  gobin=$(go env GOBIN)
+  [ -n "$gobin" ] || gobin="$(go env GOPATH | cut -d: -f1)/bin"
+  BENCHSTAT="$gobin/benchstat"
+  if [ ! -x "$BENCHSTAT" ]; then
+    echo "installing benchstat $BENCHSTAT_VERSION" >&2
+    go install "golang.org/x/perf/cmd/benchstat@$BENCHSTAT_VERSION"
+  fi
+fi
+
+out="results/$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$out"
+go test -c -o "$out/benchmarks.test" .
+{
+  echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "machine: $CPUS CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "go:      $(go version)"
+  echo "run:     COUNT=$COUNT BENCHTIME=$BENCHTIME, interleaved rounds"
+} | tee "$out/machine.txt"
+
+bench() { "$out/benchmarks.test" -test.run '^$' -test.benchtime "$BENCHTIME" "$@"; }
+for i in $(seq "$COUNT"); do
+  echo "round $i of $COUNT" >&2
+  bench -test.bench '^BenchmarkLimiters$' >>"$out/limiters.txt"
+  # The parallel scenario again on 1 and on every CPU: throughput must grow with cores.
+  bench -test.bench '^BenchmarkLimiters$/^scenario=parallel$' -test.cpu "1,$CPUS" >>"$out/scaling.txt"
+done
+if [ "$MEMORY" = 1 ]; then
+  echo "memory benchmarks" >&2
+  "$out/benchmarks.test" -test.run '^$' -test.bench '^BenchmarkMemory' -test.benchtime 1x >"$out/memory.txt"
+fi
+
+{
+  echo
+  echo "== benchstat: every contender in every scenario (median of $COUNT rounds)"
+  "$BENCHSTAT" "$out/limiters.txt"
+
+  echo
+  echo "== ratelimit against the fastest peer (medians; ratio = fastest peer / ratelimit)"
+  "$BENCHSTAT" -format csv "$out/limiters.txt" 2>/dev/null | awk -F, '
+    function show(v) { return v == "" ? "-" : sprintf("%.0fns", v * 1e9) }
+    function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.1fx", a / b) }
+    $1 == "" && $2 ~ /\/op$/ { unit = $2; next }
+    $1 ~ /^Limiters\/scenario=/ {
+      split($1, part, "/")
+      sc = substr(part[2], 10); lim = substr(part[3], 9); sub(/-[0-9]+$/, "", lim)
+      val[unit, sc, lim] = $2
+    }
+    function table(unit, title,    i, j, sc, v, best, bestName, ours, bare) {
+      print ""
+      print title
+      printf "%-9s %10s %10s %10s  %-20s %8s %8s\n", "scenario", "ratelimit", "noheaders", "xtimerate", "fastest peer", "ratio", "nohdr"
+      for (i = 1; i <= nsc; i++) {
+        sc = scs[i]; best = ""; bestName = "-"
+        for (j = 1; j <= npeers; j++) {
+          v = val[unit, sc, peers[j]]
+          if (v != "" && (best == "" || v + 0 < best + 0)) { best = v; bestName = peers[j] }
+        }
+        ours = val[unit, sc, "ratelimit"]; bare = val[unit, sc, "ratelimit-noheaders"]
+        printf "%-9s %10s %10s %10s  %-20s %8s %8s\n", sc, show(ours), show(bare), show(val[unit, sc, "xtimerate"]),
+          bestName " " show(best), ratio(best, ours), ratio(best, bare)
+      }
+    }
+    END {
+      npeers = split("ulule httprate golimiter tollbooth throttled", peers, " ")
+      nsc = split("one distinct parallel deny", scs, " ")
+      table("sec/op", "wall clock per request (sec/op)")
+      table("cpu-sec/op", "CPU time of the process per request (cpu-sec/op; parallel: summed over cores)")
+      print ""
+      printf "%-9s %10s %10s   allocs/op\n", "scenario", "ratelimit", "noheaders"
+      for (i = 1; i <= nsc; i++)
+        printf "%-9s %10s %10s\n", scs[i], val["allocs/op", scs[i], "ratelimit"], val["allocs/op", scs[i], "ratelimit-noheaders"]
+      print ""
+      printf "deny path against allow path (one client), ratelimit: %s vs %s wall, %s vs %s CPU\n",
+        show(val["sec/op", "deny", "ratelimit"]), show(val["sec/op", "one", "ratelimit"]),
+        show(val["cpu-sec/op", "deny", "ratelimit"]), show(val["cpu-sec/op", "one", "ratelimit"])
+    }'
+
+  echo
+  echo "== parallel scenario on 1 and on $CPUS CPUs (sec/op falls as throughput grows)"
+  "$BENCHSTAT" -col /gomaxprocs -row /limiter -filter '.unit:sec/op' "$out/scaling.txt" 2>/dev/null | grep -v '^goos\|^goarch\|^pkg\|^cpu' || true
+
+  if [ -f "$out/memory.txt" ]; then
+    echo
+    echo "== MemoryKV memory: bytes per tracked client (1,000,000 clients) and a flood over 40 windows"
+    grep '^Benchmark' "$out/memory.txt" || cat "$out/memory.txt"
+  fi
+} | tee "$out/tables.txt"
+rm -f "$out/benchmarks.test"
