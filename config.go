@@ -31,7 +31,9 @@ func DefaultGlobalExemptPaths() []string {
 // Config describes the seed's two layers. Each is a full [Options]: set a Store on both (or on
 // either) before calling [NewLayers]; a layer without a store fails open.
 type Config struct {
-	Auth   Options
+	// Auth is the layer that guards the authentication endpoints against brute force.
+	Auth Options
+	// Global is the baseline layer over every other path.
 	Global Options
 	// TrustedProxies is set by [ConfigFromEnv] from RATE_LIMIT_TRUSTED_PROXIES, whose ClientIP
 	// it has already put in both layers; nil otherwise. Keep it to refresh Cloudflare's ranges
@@ -153,7 +155,9 @@ func envSeconds(lookup func(string) (string, bool), name string, dst *time.Durat
 
 // Layers holds the seed's two layers.
 type Layers struct {
-	Auth   *Limiter
+	// Auth counts only its own paths; mount it on the auth routes, or anywhere inside Global.
+	Auth *Limiter
+	// Global counts every path but its exempt ones; mount it around the whole application.
 	Global *Limiter
 }
 

@@ -67,12 +67,12 @@ func ExampleNewLayers() {
 	for _, path := range []string{"/login", "/login", "/login", "/health", "/profile"} {
 		rec := httptest.NewRecorder()
 		app.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, nil))
-		fmt.Println(strings.TrimSpace(fmt.Sprintf("%-8s %d %s", path, rec.Code, rec.Header().Get("RateLimit"))))
+		fmt.Println(strings.TrimSpace(fmt.Sprintf("%-8s %d %s", path, rec.Code, strings.Join(rec.Header().Values("RateLimit"), ", "))))
 	}
 	// Output:
-	// /login   404 "auth";r=1;t=60
-	// /login   404 "auth";r=0;t=60
-	// /login   429 "auth";r=0;t=60
+	// /login   404 "global";r=199;t=60, "auth";r=1;t=60
+	// /login   404 "global";r=198;t=60, "auth";r=0;t=60
+	// /login   429 "global";r=197;t=60, "auth";r=0;t=60
 	// /health  404
 	// /profile 404 "global";r=196;t=60
 }

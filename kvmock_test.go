@@ -97,6 +97,9 @@ func (s *counterStore) Put(ctx context.Context, key string, value []byte, ttl ti
 
 func (s *counterStore) Increment(ctx context.Context, key string, window time.Time, ttl time.Duration) (int64, error) {
 	s.calls.Add(1)
+	if err := ctx.Err(); err != nil { // as go-redis does before it sends a command
+		return 0, err
+	}
 	return s.mem.Increment(ctx, key, window, ttl)
 }
 

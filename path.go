@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"net/url"
 	"path"
 	"strings"
 )
@@ -75,13 +76,25 @@ func checkPattern(p string) error {
 	return nil
 }
 
-// match reports whether the layer counts a request for the URL path p.
-func (f *pathFilter) match(p string) bool {
-	p = cleanPath(p)
-	if !f.only.empty() && !f.only.match(p) {
+// match reports whether the layer counts a request for u. Routers disagree on which path they
+// route: r.URL.Path is decoded, while Go's ServeMux and chi route on the escaped path, where
+// "%2F" is not a "/" and "%2E%2E" is not "..". So when the two differ, both are judged and the
+// doubt goes to counting: a path is counted if either view is, and exempt only if both are.
+func (f *pathFilter) match(u *url.URL) bool {
+	decoded := cleanPath(u.Path)
+	if u.RawPath == "" {
+		// Without RawPath the escaped path is u.Path with only characters escaped that cleaning
+		// never looks at ("/" and "." are never escaped), so both views agree.
+		return f.matchClean(decoded, decoded)
+	}
+	return f.matchClean(decoded, cleanPath(u.EscapedPath()))
+}
+
+func (f *pathFilter) matchClean(decoded, escaped string) bool {
+	if !f.only.empty() && !f.only.match(decoded) && !f.only.match(escaped) {
 		return false
 	}
-	return !f.exempt.match(p)
+	return !f.exempt.match(decoded) || !f.exempt.match(escaped)
 }
 
 // cleanPath returns the path a router would route p to, so that "/login/", "//login",

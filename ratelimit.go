@@ -161,8 +161,9 @@ type Limiter struct {
 	now        func() time.Time
 
 	// Header values that never change, computed once.
-	policyValue []string
-	limitValue  []string
+	policyValue string
+	limitValue  string
+	allowValues int // how many header values an allowed response gets
 	// Header values of responses with nothing remaining (every denied one), which change only
 	// with the seconds left in the window: a flood of denied requests shares them.
 	exhausted atomic.Pointer[exhaustedValues]
@@ -236,25 +237,30 @@ func New(opts Options) (*Limiter, error) {
 	if l.clientIP == nil {
 		l.clientIP = RemoteAddrIP
 	}
-	if l.logger == nil {
-		l.logger = slog.Default()
-	}
 	if l.now == nil {
 		l.now = time.Now
 	}
 	l.windowSec = int64(opts.Window / time.Second)
 	l.ttl = 2 * opts.Window
 	l.keyPrefix = "ratelimit:" + opts.Scope + ":"
-	l.policyValue = []string{fmt.Sprintf("%q;q=%d;w=%d", opts.Scope, opts.Max, l.windowSec)}
-	l.limitValue = []string{strconv.Itoa(opts.Max)}
+	l.policyValue = fmt.Sprintf("%q;q=%d;w=%d", opts.Scope, opts.Max, l.windowSec)
+	l.limitValue = strconv.Itoa(opts.Max)
+	switch l.headers {
+	case HeadersStandard:
+		l.allowValues = 2
+	case HeadersLegacy:
+		l.allowValues = 3
+	case HeadersBoth:
+		l.allowValues = 5
+	}
 
 	switch {
 	case opts.Max <= 0:
 		l.passAll = true
-		l.logger.Info("ratelimit: layer disabled because its max is zero or less", "scope", opts.Scope)
+		l.log().Info("ratelimit: layer disabled because its max is zero or less", "scope", opts.Scope)
 	case isNil(opts.Store):
 		l.passAll = true
-		l.logger.Warn("ratelimit: no store configured; the layer fails open and lets every request through", "scope", opts.Scope)
+		l.log().Warn("ratelimit: no store configured; the layer fails open and lets every request through", "scope", opts.Scope)
 	default:
 		l.kv = opts.Store
 		if mem, ok := opts.Store.(*MemoryKV); ok {
@@ -313,16 +319,19 @@ func (l *Limiter) AllowAt(r *http.Request, now time.Time) (Result, error) {
 // clock, so that the store need not read the clock again (a clock reading costs about as much as
 // the rest of the MemoryKV path).
 func (l *Limiter) allowAt(r *http.Request, now time.Time, memNow bool) (Result, error) {
-	if l.passAll || !l.filter.match(r.URL.Path) {
+	if l.passAll || !l.filter.match(r.URL) {
 		return Result{Allowed: true}, nil
 	}
-	var buf [96]byte
+	var buf [128]byte // the longest key: 10 + 64 (scope) + 1 + 39 (IPv6) bytes
 	key := append(buf[:0], l.keyPrefix...)
 	addr, ok := l.clientIP(r)
 	key = appendClientKey(key, addr, ok, l.v6Bits)
 
 	sec := now.Unix()
 	start := sec - sec%l.windowSec
+	if start > sec { // before 1970 the remainder is negative: round down, not toward zero
+		start -= l.windowSec
+	}
 	var reset time.Duration
 	if -nanoSafeSeconds < sec && sec < nanoSafeSeconds {
 		// What time.Time.Sub computes, without its overflow checks, which cannot fire here.
@@ -339,7 +348,10 @@ func (l *Limiter) allowAt(r *http.Request, now time.Time, memNow bool) (Result, 
 	if _, denied := peek(l.denied, key, start); denied {
 		return l.result(l.max+1, reset), nil
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), l.timeout)
+	// The client's going away must not cancel the count: a client that resets its stream after
+	// sending a request would otherwise fail the store call and pass uncounted. The deadline
+	// still bounds the wait.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.timeout)
 	defer cancel()
 	count, err := l.count(ctx, string(key), start)
 	if errors.Is(err, ErrStoreFailed) {
@@ -429,27 +441,28 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		res, err := l.Allow(r)
+		now := l.now()
+		res, err := l.allowAt(r, now, l.memNow)
 		if err != nil {
 			l.report(r, err)
 		}
 		switch {
 		case res.Allowed:
 			if res.Limit > 0 {
-				l.setHeaders(w.Header(), res)
+				l.headersFor(w.Header(), res, now, 0)
 			}
 			next.ServeHTTP(w, r)
 		case res.Limit == 0:
-			writePlain(w, http.StatusServiceUnavailable, unavailableBody)
+			rh := responseHeaders{h: w.Header(), vals: make([]string, 0, 2)}
+			writePlain(w, &rh, http.StatusServiceUnavailable, unavailableBody)
 		default:
-			h := w.Header()
-			l.setHeaders(h, res)
-			h["Retry-After"] = l.exhaustedAt(ceilSeconds(res.RetryAfter)).retryAfter
+			rh := l.headersFor(w.Header(), res, now, deniedValues)
+			rh.set("Retry-After", l.exhaustedAt(ceilSeconds(res.RetryAfter)).retryAfter)
 			if l.deny != nil {
 				l.deny(w, r, res)
 				return
 			}
-			writePlain(w, http.StatusTooManyRequests, tooManyBody)
+			writePlain(w, &rh, http.StatusTooManyRequests, tooManyBody)
 		}
 	})
 }
@@ -457,41 +470,78 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 var (
 	tooManyBody     = []byte("Too Many Requests\n")
 	unavailableBody = []byte("Service Unavailable\n")
-	// Header values shared by every response, like policyValue: capacity equals length.
-	plainTextValue = []string{"text/plain; charset=utf-8"}
-	nosniffValue   = []string{"nosniff"}
 )
 
-func writePlain(w http.ResponseWriter, status int, body []byte) {
-	h := w.Header()
-	h["Content-Type"] = plainTextValue
-	h["X-Content-Type-Options"] = nosniffValue
+func writePlain(w http.ResponseWriter, rh *responseHeaders, status int, body []byte) {
+	rh.set("Content-Type", "text/plain; charset=utf-8")
+	rh.set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }
 
-// setHeaders writes the layer's rate-limit headers. Header names are given in canonical form so
-// that no per-request canonicalisation is needed.
-func (l *Limiter) setHeaders(h http.Header, res Result) {
-	if l.headers == HeadersNone {
+// responseHeaders writes one response's headers. Every value gets a one-element slice cut from
+// one backing array: a single allocation per response, and no slice shared with any other
+// response, so a handler that edits its headers in place cannot change another response's. Only
+// the immutable strings are shared. Header names are given in canonical form, so no per-request
+// canonicalisation is needed.
+type responseHeaders struct {
+	h    http.Header
+	vals []string
+}
+
+// set replaces the values of name with value.
+func (rh *responseHeaders) set(name, value string) {
+	rh.vals = append(rh.vals, value)
+	n := len(rh.vals)
+	rh.h[name] = rh.vals[n-1 : n : n]
+}
+
+// add appends value to the values of name. RateLimit and RateLimit-Policy are lists: when two
+// layers count one request, the client sees both policies and both counts.
+func (rh *responseHeaders) add(name, value string) {
+	if old := rh.h[name]; len(old) > 0 {
+		rh.h[name] = append(old[:len(old):len(old)], value)
 		return
 	}
+	rh.set(name, value)
+}
+
+// deniedValues is how many header values a denied response gets beyond the rate-limit headers:
+// Retry-After, Content-Type and X-Content-Type-Options.
+const deniedValues = 3
+
+// headersFor writes the layer's rate-limit headers for res, decided at now, and returns the
+// response's headers with room for extra more values.
+func (l *Limiter) headersFor(h http.Header, res Result, now time.Time, extra int) responseHeaders {
 	resetSec := ceilSeconds(res.Reset)
-	if l.headers != HeadersLegacy {
-		// The precomputed slice is shared between responses; its capacity equals its length, so
-		// a later Header().Add copies it instead of writing into it.
-		h["Ratelimit-Policy"] = l.policyValue
+	rh := responseHeaders{h: h}
+	var rateLimit string
+	if l.headers == HeadersStandard || l.headers == HeadersBoth {
 		if res.Remaining == 0 {
-			h["Ratelimit"] = l.exhaustedAt(resetSec).rateLimit
+			rateLimit = l.exhaustedAt(resetSec).rateLimit
 		} else {
-			h["Ratelimit"] = l.rateLimitValue(res.Remaining, resetSec)
+			rateLimit, rh.vals = l.rateLimitValue(res.Remaining, resetSec)
 		}
 	}
-	if l.headers != HeadersStandard {
-		h["X-Ratelimit-Limit"] = l.limitValue
-		h["X-Ratelimit-Remaining"] = []string{strconv.Itoa(res.Remaining)}
-		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(l.now().Add(res.Reset).Unix(), 10)}
+	if n := l.allowValues + extra; rh.vals == nil && n > 0 {
+		rh.vals = make([]string, 0, n)
 	}
+	if rateLimit != "" {
+		rh.add("Ratelimit-Policy", l.policyValue)
+		rh.add("Ratelimit", rateLimit)
+	}
+	if l.headers == HeadersLegacy || l.headers == HeadersBoth {
+		// The legacy trio holds one policy: keep the most restrictive layer's.
+		if old := h["X-Ratelimit-Remaining"]; len(old) > 0 {
+			if n, err := strconv.Atoi(old[0]); err == nil && n <= res.Remaining {
+				return rh
+			}
+		}
+		rh.set("X-Ratelimit-Limit", l.limitValue)
+		rh.set("X-Ratelimit-Remaining", strconv.Itoa(res.Remaining))
+		rh.set("X-Ratelimit-Reset", strconv.FormatInt(now.Add(res.Reset).Unix(), 10))
+	}
+	return rh
 }
 
 // appendRateLimit appends the value of the RateLimit header: "scope";r=remaining;t=resetSec.
@@ -507,47 +557,54 @@ func (l *Limiter) appendRateLimit(dst []byte, remaining int, resetSec int64) []b
 // rateLimitValueSlots is the size of a layer's cache of RateLimit values.
 const rateLimitValueSlots = 256
 
-// rateLimitEntry is a cached RateLimit header value, shared between responses and never written
-// to.
+// maxResponseValues bounds the header values one response gets from a layer: five with
+// HeadersBoth, and deniedValues more when it is denied.
+const maxResponseValues = 5 + deniedValues
+
+// rateLimitEntry is a cached RateLimit header value. It also carries the backing array of the
+// header values of the response that built it, so that a cache miss costs two allocations (this
+// entry and the text) rather than three; the cache reads only the first three fields, so what
+// that response's handler does to its headers cannot reach the cache.
 type rateLimitEntry struct {
 	remaining int
 	resetSec  int64
-	value     [1]string
+	value     string
+	vals      [maxResponseValues]string
 }
 
-// rateLimitValue returns the RateLimit value for remaining and resetSec from the layer's cache,
-// or builds it (two allocations) and caches it. The returned slice's capacity equals its length,
-// so a later Header().Add copies it.
-func (l *Limiter) rateLimitValue(remaining int, resetSec int64) []string {
+// rateLimitValue returns the RateLimit value for remaining and resetSec from the layer's cache.
+// On a miss it builds and caches the value, and returns in vals an empty slice with room for
+// the response's header values. A value depends only on these two numbers, and in a busy second
+// many clients share it.
+func (l *Limiter) rateLimitValue(remaining int, resetSec int64) (value string, vals []string) {
 	slot := &l.rateLimitValues[uint(remaining)%rateLimitValueSlots]
 	if v := slot.Load(); v != nil && v.remaining == remaining && v.resetSec == resetSec {
-		return v.value[:]
+		return v.value, nil
 	}
-	v := &rateLimitEntry{remaining: remaining, resetSec: resetSec}
-	var buf [96]byte
-	v.value[0] = string(l.appendRateLimit(buf[:0], remaining, resetSec))
+	var buf [128]byte
+	v := &rateLimitEntry{remaining: remaining, resetSec: resetSec, value: string(l.appendRateLimit(buf[:0], remaining, resetSec))}
 	slot.Store(v)
-	return v.value[:]
+	return v.value, v.vals[:0]
 }
 
 // exhaustedValues are the header values of a response with nothing remaining, resetSec seconds
-// before the window ends. They are shared between responses and never written to; each slice's
-// capacity equals its length, so a later Header().Add copies it.
+// before the window ends.
 type exhaustedValues struct {
 	resetSec   int64
-	rateLimit  []string // RateLimit: "scope";r=0;t=resetSec
-	retryAfter []string // Retry-After: resetSec
+	rateLimit  string // RateLimit: "scope";r=0;t=resetSec
+	retryAfter string // Retry-After: resetSec
 }
 
-// exhaustedAt returns the values for resetSec, building them once per second of the window.
+// exhaustedAt returns the values for resetSec, building them once per second of the window, so
+// that a flood of denied requests allocates no header text.
 func (l *Limiter) exhaustedAt(resetSec int64) *exhaustedValues {
 	if v := l.exhausted.Load(); v != nil && v.resetSec == resetSec {
 		return v
 	}
 	v := &exhaustedValues{
 		resetSec:   resetSec,
-		rateLimit:  []string{string(l.appendRateLimit(nil, 0, resetSec))},
-		retryAfter: []string{strconv.FormatInt(resetSec, 10)},
+		rateLimit:  string(l.appendRateLimit(nil, 0, resetSec)),
+		retryAfter: strconv.FormatInt(resetSec, 10),
 	}
 	l.exhausted.Store(v)
 	return v
@@ -557,6 +614,15 @@ func (l *Limiter) exhaustedAt(resetSec int64) *exhaustedValues {
 // t parameter of RateLimit must not tell a client to come back before the window ends.
 func ceilSeconds(d time.Duration) int64 {
 	return max(1, int64((d+time.Second-1)/time.Second))
+}
+
+// log returns the layer's logger; without one, the default logger at the time of the call, so
+// that a later slog.SetDefault is honoured.
+func (l *Limiter) log() *slog.Logger {
+	if l.logger != nil {
+		return l.logger
+	}
+	return slog.Default()
 }
 
 // report passes err to OnError, or logs it at most once a minute.
@@ -572,6 +638,6 @@ func (l *Limiter) report(r *http.Request, err error) {
 		l.unlogged.Add(1)
 		return
 	}
-	l.logger.Warn("ratelimit: store problem", "scope", l.scope, "error", err,
+	l.log().Warn("ratelimit: store problem", "scope", l.scope, "error", err,
 		"unlogged_since_last", l.unlogged.Swap(0), "errors_total", l.errorsTotal.Load())
 }

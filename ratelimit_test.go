@@ -617,7 +617,8 @@ func TestStandardMuxSubRouterMounting(t *testing.T) {
 	}
 	rec := serve(app, newRequest("/auth/login/", "192.0.2.1:1"))
 	require.Equal(t, http.StatusTooManyRequests, rec.Code)
-	require.Equal(t, `"auth";r=0;t=60`, rec.Header().Get("RateLimit"))
+	require.Equal(t, []string{`"global";r=197;t=60`, `"auth";r=0;t=60`}, rec.Header().Values("RateLimit"), "both layers counted it")
+	require.Equal(t, []string{`"global";q=200;w=60`, `"auth";q=2;w=60`}, rec.Header().Values("RateLimit-Policy"))
 	require.Equal(t, http.StatusOK, serve(app, newRequest("/auth/me", "192.0.2.1:1")).Code, "not an auth path")
 	require.Equal(t, http.StatusOK, serve(app, newRequest("/health", "192.0.2.1:1")).Code)
 	// Both layers counted the auth requests: 3 global requests so far plus /auth/me.
@@ -681,4 +682,116 @@ func TestTypedNilStoreMeansNoStore(t *testing.T) {
 	require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.1:1")).Code)
 	require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.1:1")).Code, "fails open rather than panicking")
 	require.Contains(t, logs.String(), "no store configured")
+}
+
+// Both layers count an auth request: the client sees both policies and both counts, so the
+// response never claims more room than the tighter layer leaves. The legacy trio, which holds one
+// policy, reports the most restrictive layer.
+func TestTwoLayersOnOneRequestReportBoth(t *testing.T) {
+	clock := newFakeClock(windowStart)
+	store := NewMemoryKV(WithClock(clock.Now))
+	for _, style := range []HeaderStyle{HeadersStandard, HeadersLegacy} {
+		cfg := DefaultConfig()
+		cfg.Auth.Store, cfg.Global.Store = store, store
+		cfg.Auth.Max, cfg.Global.Max = 10, 3
+		cfg.Auth.Now, cfg.Global.Now = clock.Now, clock.Now
+		cfg.Auth.Headers, cfg.Global.Headers = style, style
+		cfg.Auth.Scope, cfg.Global.Scope = "auth"+fmt.Sprint(style), "global"+fmt.Sprint(style)
+		layers, err := NewLayers(cfg)
+		require.NoError(t, err)
+		app := layers.Handler(okHandler)
+
+		rec := serve(app, newRequest("/login", "192.0.2.1:1"))
+		require.Equal(t, http.StatusOK, rec.Code)
+		if style == HeadersStandard {
+			require.Equal(t, []string{`"global0";r=2;t=60`, `"auth0";r=9;t=60`}, rec.Header().Values("RateLimit"))
+			require.Equal(t, []string{`"global0";q=3;w=60`, `"auth0";q=10;w=60`}, rec.Header().Values("RateLimit-Policy"))
+			continue
+		}
+		require.Equal(t, []string{"3"}, rec.Header().Values("X-RateLimit-Limit"), "the global layer is tighter")
+		require.Equal(t, []string{"2"}, rec.Header().Values("X-RateLimit-Remaining"))
+		serve(app, newRequest("/login", "192.0.2.1:1"))
+		rec = serve(app, newRequest("/login", "192.0.2.1:1"))
+		require.Equal(t, []string{"0"}, rec.Header().Values("X-RateLimit-Remaining"))
+		rec = serve(app, newRequest("/login", "192.0.2.1:1"))
+		require.Equal(t, http.StatusTooManyRequests, rec.Code)
+	}
+}
+
+// The shared Retry-After and RateLimit values of denied responses follow the clock.
+func TestDeniedHeaderValuesFollowTheClock(t *testing.T) {
+	clock := newFakeClock(windowStart.Add(23 * time.Second))
+	l := newLimiter(t, Options{Scope: "auth", Max: 1, Window: time.Minute, Store: NewMemoryKV(WithClock(clock.Now)), Now: clock.Now})
+	h := l.Handler(okHandler)
+	serve(h, newRequest("/", "192.0.2.1:1"))
+	for _, tt := range []struct {
+		at   time.Duration
+		want string
+	}{{23 * time.Second, "37"}, {40 * time.Second, "20"}, {40 * time.Second, "20"}, {59 * time.Second, "1"}} {
+		clock.Set(windowStart.Add(tt.at))
+		rec := serve(h, newRequest("/", "192.0.2.1:1"))
+		require.Equal(t, http.StatusTooManyRequests, rec.Code)
+		require.Equal(t, tt.want, rec.Header().Get("Retry-After"), "at %v", tt.at)
+		require.Equal(t, `"auth";r=0;t=`+tt.want, rec.Header().Get("RateLimit"), "at %v", tt.at)
+	}
+}
+
+// A client that resets its stream after sending a request must not make the store call fail
+// and so pass uncounted: the count does not depend on the client staying.
+func TestClientGoingAwayIsStillCounted(t *testing.T) {
+	clock := newFakeClock(windowStart)
+	store := &counterStore{mem: NewMemoryKV(WithClock(clock.Now))}
+	var reported atomic.Int64
+	l := newLimiter(t, Options{Scope: "auth", Max: 1, Window: time.Minute, Store: store, Now: clock.Now,
+		OnError: func(*http.Request, error) { reported.Add(1) }})
+	h := l.Handler(okHandler)
+	gone := func() *http.Request {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		return newRequest("/", "192.0.2.1:1").WithContext(ctx)
+	}
+	require.Equal(t, http.StatusOK, serve(h, gone()).Code)
+	for range 5 {
+		require.Equal(t, http.StatusTooManyRequests, serve(h, gone()).Code)
+	}
+	require.Zero(t, reported.Load(), "a client going away is not a store failure")
+}
+
+// Go's ServeMux and chi route on the escaped path, where "%2F" is no "/" and "%2E%2E" no "..":
+// a path that cleans to an exempt one when decoded, but routes to a limited handler, is counted.
+func TestEscapedPathsCannotDodgeTheFilter(t *testing.T) {
+	tests := []struct {
+		name, route, target string
+	}{
+		{"encoded slashes over a wildcard", "GET /api/users/{id}", "/api/users/x%2F..%2F..%2F..%2Fhealth"},
+		{"encoded dots over a catch-all", "GET /files/{path...}", "/files/%2E%2E/assets/x"},
+		{"encoded slash into an exempt prefix", "GET /api/users/{id}", "/api/users/..%2F..%2Fassets%2Fx"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig().Global
+			cfg.Max, cfg.Store = 2, NewMemoryKV()
+			l := newLimiter(t, cfg)
+			var served atomic.Int64
+			mux := http.NewServeMux()
+			mux.HandleFunc(tt.route, func(http.ResponseWriter, *http.Request) { served.Add(1) })
+			h := l.Handler(mux)
+			for range 5 {
+				r := httptest.NewRequest(http.MethodGet, tt.target, nil)
+				r.RemoteAddr = "192.0.2.1:1"
+				serve(h, r)
+			}
+			require.EqualValues(t, 2, served.Load(), "the route's handler ran only within the limit")
+		})
+	}
+
+	t.Run("an encoded path to an auth route is counted", func(t *testing.T) {
+		cfg := DefaultConfig().Auth
+		cfg.Max, cfg.Store = 1, NewMemoryKV()
+		l := newLimiter(t, cfg)
+		r := httptest.NewRequest(http.MethodPost, "/%6Cogin", nil)
+		res, err := l.Allow(r)
+		require.NoError(t, err)
+		require.True(t, res.Counted())
+	})
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kilat-dev/ratelimit"
@@ -74,8 +75,9 @@ func run() error {
 	fmt.Printf("POST /login: %d requests passed, then 429 Too Many Requests\n", passed)
 	if first429 != nil {
 		fmt.Printf("  Retry-After:      %s (seconds until this window ends, not always the full window)\n", first429.Header.Get("Retry-After"))
-		fmt.Printf("  RateLimit-Policy: %s\n", first429.Header.Get("RateLimit-Policy"))
-		fmt.Printf("  RateLimit:        %s\n", first429.Header.Get("RateLimit"))
+		// Both layers counted the login, so both report: the auth layer is the one that is out.
+		fmt.Printf("  RateLimit-Policy: %s\n", strings.Join(first429.Header.Values("RateLimit-Policy"), ", "))
+		fmt.Printf("  RateLimit:        %s\n", strings.Join(first429.Header.Values("RateLimit"), ", "))
 	}
 
 	// 2. A forged X-Forwarded-For does not buy a fresh budget: no header is trusted by default.
