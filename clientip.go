@@ -26,12 +26,13 @@ func RemoteAddrIP(r *http.Request) (netip.Addr, bool) {
 }
 
 // HeadersFromAnyPeerIP believes the proxy headers from whatever peer sent them, as the seed did
-// on Cloudflare Workers, where only the edge can reach the code: CF-Connecting-IP (or
-// CF-Connecting-IPv6, see [TrustedProxies.ClientIP]) when the request holds exactly one valid
-// one, else the rightmost X-Forwarded-For entry (the one the
-// edge added) when it is an address, else [RemoteAddrIP]. Unlike the seed it never takes the leftmost entry, which
-// the client writes itself even when the edge appends to the header. It reads the headers even
-// when RemoteAddr is not an IP address (a Unix socket).
+// on Cloudflare Workers, where only the edge can reach the code: CF-Connecting-IP when the
+// request holds exactly one valid one (or CF-Connecting-IPv6 when CF-Connecting-IP is absent or a
+// pseudo IPv4 address, by the rule of [TrustedProxies.ClientIP]), else the rightmost
+// X-Forwarded-For entry (the one the edge added) when it is an address, else [RemoteAddrIP].
+// Unlike the seed it never takes the leftmost entry, which the client writes itself even when the
+// edge appends to the header. It reads the headers even when RemoteAddr is not an IP address (a
+// Unix socket).
 //
 // It is safe only when nothing but a proxy that sets these headers can reach the server: an
 // origin that accepts connections from its edge alone (a firewall or Cloudflare Tunnel, for
@@ -77,8 +78,9 @@ type ProxyOptions struct {
 	// TrustCFConnectingIP believes CF-Connecting-IP (and CF-Connecting-IPv6) from every trusted
 	// peer, not only from Cloudflare's ranges: for a proxy of yours between Cloudflare and the
 	// server that passes the header on. It is safe only if that proxy cannot be reached except
-	// through Cloudflare, or removes the header from other traffic; otherwise leave it off, and
-	// the X-Forwarded-For walk (with Cloudflare set) finds the client through the chain.
+	// through Cloudflare, or removes both headers from other traffic (CF-Connecting-IPv6 is
+	// believed when CF-Connecting-IP is absent); otherwise leave it off, and the X-Forwarded-For
+	// walk (with Cloudflare set) finds the client through the chain.
 	TrustCFConnectingIP bool
 }
 
@@ -201,8 +203,10 @@ func parseProxyList(s string) (ProxyOptions, []error) {
 //     no header is read.
 //  2. If the peer is in Cloudflare's ranges (with the Cloudflare preset) or TrustCFConnectingIP
 //     is set, and the request holds exactly one CF-Connecting-IP that is a valid address, that
-//     address is the client; CF-Connecting-IPv6, which Cloudflare adds when its Pseudo IPv4
-//     setting rewrites CF-Connecting-IP, comes first.
+//     address is the client. CF-Connecting-IPv6 (one line, an IPv6 address), which Cloudflare
+//     adds when its Pseudo IPv4 setting overwrites CF-Connecting-IP with an address from
+//     240.0.0.0/4, is the client instead, but only when CF-Connecting-IP holds such a pseudo IPv4
+//     address or is absent: next to a real address it could be the client's own and is ignored.
 //  3. Otherwise X-Forwarded-For is walked from the right (all header lines form one list, the
 //     last line last). Each entry is what the hop to its right saw connecting to it. Empty
 //     entries are skipped. A trusted proxy is skipped, and its own entry is read next. The first
@@ -257,22 +261,43 @@ func resolveClientIP(t *TrustedProxies, anyPeer bool, r *http.Request) (netip.Ad
 		return peer, ok
 	}
 	if kind == cloudflareHop || anyPeer || (t != nil && t.cfAny) {
-		// With Pseudo IPv4 set to overwrite headers, Cloudflare puts a made-up IPv4 address
-		// (one per IPv6 address, defeating the /64 grouping) in CF-Connecting-IP and keeps the
-		// real address in CF-Connecting-IPv6.
-		if v := r.Header[headerCFConnectingIPv6]; len(v) == 1 {
-			if a, ok := parseIP(v[0]); ok && a.Is6() {
-				return a, true
-			}
-		}
-		if v := r.Header[headerCFConnectingIP]; len(v) == 1 {
-			if a, ok := parseIP(v[0]); ok {
-				return a, true
-			}
+		if a, ok := cfConnectingIP(r.Header); ok {
+			return a, true
 		}
 	}
 	client := walkForwarded(t, r.Header[headerXForwardedFor], peer, kind == cloudflareHop)
 	return client, client.IsValid()
+}
+
+// pseudoIPv4 is the Class E range from which Cloudflare's Pseudo IPv4 draws the made-up address
+// it writes in CF-Connecting-IP for an IPv6 client.
+var pseudoIPv4 = netip.MustParsePrefix("240.0.0.0/4")
+
+// cfConnectingIP reads the client's address from CF-Connecting-IP and CF-Connecting-IPv6. A
+// header counts only when the request holds exactly one line of it with a valid address.
+//
+// With Pseudo IPv4 set to "Overwrite headers", Cloudflare puts a made-up address from
+// 240.0.0.0/4 in CF-Connecting-IP (one per IPv6 address, which would defeat the /64 grouping) and
+// the real one in CF-Connecting-IPv6; otherwise it does not set CF-Connecting-IPv6, and whether it
+// removes a client's own is undocumented (and a Worker's subrequest could set it). So
+// CF-Connecting-IPv6, when it holds an IPv6 address, is believed only when CF-Connecting-IP is
+// absent (no line at all) or holds a pseudo IPv4 address; otherwise CF-Connecting-IP is the
+// client.
+func cfConnectingIP(h http.Header) (netip.Addr, bool) {
+	v4Lines := h[headerCFConnectingIP]
+	var v4 netip.Addr
+	v4OK := false
+	if len(v4Lines) == 1 {
+		v4, v4OK = parseIP(v4Lines[0])
+	}
+	if len(v4Lines) == 0 || (v4OK && pseudoIPv4.Contains(v4)) {
+		if v := h[headerCFConnectingIPv6]; len(v) == 1 {
+			if a, ok := parseIP(v[0]); ok && a.Is6() {
+				return a, true
+			}
+		}
+	}
+	return v4, v4OK
 }
 
 // walkForwarded walks the X-Forwarded-For lines from the right, starting at the trusted peer

@@ -243,7 +243,8 @@ func TestTrustedProxiesClientIP(t *testing.T) {
 		{"Cloudflare peer: nothing usable", "172.64.0.1:5555", []string{cfh, "junk"}, "172.64.0.1"},
 		{"Worker subrequest: CF-Connecting-IP in Cloudflare's ranges", "172.64.0.1:5555", []string{cfh, "2a06:98c0:3600::103", xff, "1.1.1.1"}, "2a06:98c0:3600::103"},
 		{"Worker subrequest: Cloudflare's client is not skipped", "172.64.0.1:5555", []string{xff, "1.1.1.1, 2a06:98c0:3600::103"}, "2a06:98c0:3600::103"},
-		{"Cloudflare peer: Pseudo IPv4 rewrite, CF-Connecting-IPv6 first", "172.64.0.1:5555", []string{cfh, "240.16.0.1", cfh6, "2001:db8:1:2::7"}, "2001:db8:1:2::7"},
+		{"Cloudflare peer: Pseudo IPv4 rewrite, CF-Connecting-IPv6 believed", "172.64.0.1:5555", []string{cfh, "240.16.0.1", cfh6, "2001:db8:1:2::7"}, "2001:db8:1:2::7"},
+		{"Cloudflare peer: real CF-Connecting-IP, CF-Connecting-IPv6 ignored", "172.64.0.1:5555", []string{cfh, "198.51.100.1", cfh6, "2001:db8:1:2::7"}, "198.51.100.1"},
 		{"Cloudflare peer: CF-Connecting-IPv6 must be IPv6", "172.64.0.1:5555", []string{cfh, "198.51.100.1", cfh6, "198.51.100.9"}, "198.51.100.1"},
 		{"Cloudflare peer: CF-Connecting-IPv6 invalid", "172.64.0.1:5555", []string{cfh, "198.51.100.1", cfh6, "nope"}, "198.51.100.1"},
 		{"untrusted peer, CF-Connecting-IPv6 ignored", "203.0.113.9:5555", []string{cfh6, "2001:db8:1:2::7"}, "203.0.113.9"},
@@ -272,11 +273,89 @@ func TestTrustCFConnectingIPFromAnyTrustedPeerClientIP(t *testing.T) {
 		{"trusted peer: no CF-Connecting-IP", "127.0.0.1:5555", []string{xff, "1.1.1.1, 198.51.100.2"}, "198.51.100.2"},
 		{"untrusted peer: ignored", "203.0.113.9:5555", []string{cfh, "198.51.100.1"}, "203.0.113.9"},
 		{"Cloudflare peer without the preset: untrusted", "172.64.0.1:5555", []string{cfh, "198.51.100.1"}, "172.64.0.1"},
+		{"trusted peer: CF-Connecting-IPv6 next to a pseudo IPv4 address", "127.0.0.1:5555", []string{cfh, "240.16.0.1", cfh6, "2001:db8:1::7"}, "2001:db8:1::7"},
+		{"trusted peer: CF-Connecting-IPv6 next to a real address ignored", "127.0.0.1:5555", []string{cfh, "198.51.100.1", cfh6, "2001:db8:1::7"}, "198.51.100.1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			require.Equal(t, tt.want, cipResult(p.ClientIP(cipRequest(tt.remote, tt.headers...))))
 		})
+	}
+}
+
+// TestCloudflareIPv6HeaderRuleClientIP pins down when CF-Connecting-IPv6 is believed: only when
+// CF-Connecting-IP is absent or holds a pseudo IPv4 address from 240.0.0.0/4, which is what
+// Cloudflare sends with Pseudo IPv4 set to "Overwrite headers". Next to a real CF-Connecting-IP it
+// may be the client's own and is ignored. The rule is the same for every resolver that reads the
+// Cloudflare headers.
+func TestCloudflareIPv6HeaderRuleClientIP(t *testing.T) {
+	const (
+		v6      = "2001:db8:1:2::7"
+		real4   = "198.51.100.7"
+		pseudo4 = "240.16.0.1"
+		right   = "203.0.113.50" // the rightmost X-Forwarded-For entry, sent with every case
+	)
+	resolvers := []struct {
+		name   string
+		fn     ClientIPFunc
+		remote string
+	}{
+		{"Cloudflare preset", cipDefaultProxies(t).ClientIP, "172.64.1.1:5555"},
+		{"Cloudflare preset, IPv6 edge", cipDefaultProxies(t).ClientIP, "[2606:4700::1]:5555"},
+		{"TrustCFConnectingIP", cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, TrustCFConnectingIP: true}).ClientIP, "10.0.0.1:5555"},
+		{"HeadersFromAnyPeerIP", HeadersFromAnyPeerIP, "203.0.113.9:5555"},
+	}
+	tests := []struct {
+		name    string
+		headers []string
+		want    string
+	}{
+		// CF-Connecting-IP absent: CF-Connecting-IPv6 is used.
+		{"absent IPv4: IPv6 used", []string{cfh6, v6}, v6},
+		{"absent IPv4: IPv6 with spaces and brackets used", []string{cfh6, " [" + v6 + "] "}, v6},
+		{"absent IPv4: IPv6 header holding IPv4 ignored", []string{cfh6, real4}, right},
+		{"absent IPv4: IPv6 header holding IPv4-mapped ignored", []string{cfh6, "::ffff:" + real4}, right},
+		{"absent IPv4: invalid IPv6 ignored", []string{cfh6, "nope"}, right},
+		{"absent IPv4: two IPv6 lines ignored", []string{cfh6, v6, cfh6, "2001:db8:9::9"}, right},
+
+		// CF-Connecting-IP a pseudo IPv4 address: CF-Connecting-IPv6 is used.
+		{"pseudo IPv4: IPv6 used", []string{cfh, pseudo4, cfh6, v6}, v6},
+		{"pseudo IPv4, first of the range: IPv6 used", []string{cfh, "240.0.0.0", cfh6, v6}, v6},
+		{"pseudo IPv4, last of the range: IPv6 used", []string{cfh, "255.255.255.255", cfh6, v6}, v6},
+		{"pseudo IPv4, IPv4-mapped: IPv6 used", []string{cfh, "::ffff:" + pseudo4, cfh6, v6}, v6},
+		{"pseudo IPv4 with spaces: IPv6 used", []string{cfh, " " + pseudo4 + "\t", cfh6, v6}, v6},
+		{"pseudo IPv4, invalid IPv6: IPv4 used", []string{cfh, pseudo4, cfh6, "nope"}, pseudo4},
+		{"pseudo IPv4, IPv6 header holding IPv4: IPv4 used", []string{cfh, pseudo4, cfh6, real4}, pseudo4},
+		{"pseudo IPv4, two IPv6 lines: IPv4 used", []string{cfh, pseudo4, cfh6, v6, cfh6, "2001:db8:9::9"}, pseudo4},
+		{"pseudo IPv4, no IPv6: IPv4 used", []string{cfh, pseudo4}, pseudo4},
+
+		// CF-Connecting-IP a real address: CF-Connecting-IPv6 is ignored.
+		{"real IPv4: IPv6 ignored", []string{cfh, real4, cfh6, v6}, real4},
+		{"real IPv4 just below the range: IPv6 ignored", []string{cfh, "239.255.255.255", cfh6, v6}, "239.255.255.255"},
+		{"real IPv4 in Cloudflare's ranges: IPv6 ignored", []string{cfh, "172.64.0.9", cfh6, v6}, "172.64.0.9"},
+		{"real IPv6 client: IPv6 header ignored", []string{cfh, "2001:db8:5::5", cfh6, v6}, "2001:db8:5::5"},
+		{"real IPv4, invalid IPv6: IPv4 used", []string{cfh, real4, cfh6, "nope"}, real4},
+		{"real IPv4, IPv6 header first in the request: ignored", []string{cfh6, v6, cfh, real4}, real4},
+
+		// CF-Connecting-IP present but unusable: not absent, so CF-Connecting-IPv6 is ignored too
+		// and X-Forwarded-For decides.
+		{"invalid IPv4: IPv6 ignored", []string{cfh, "junk", cfh6, v6}, right},
+		{"empty IPv4: IPv6 ignored", []string{cfh, "", cfh6, v6}, right},
+		{"two IPv4 lines: IPv6 ignored", []string{cfh, pseudo4, cfh, pseudo4, cfh6, v6}, right},
+	}
+	for _, rv := range resolvers {
+		for _, tt := range tests {
+			t.Run(rv.name+"/"+tt.name, func(t *testing.T) {
+				r := cipRequest(rv.remote, append([]string{xff, "1.1.1.1, " + right}, tt.headers...)...)
+				require.Equal(t, tt.want, cipResult(rv.fn(r)))
+			})
+		}
+	}
+	// Peers that may not set the Cloudflare headers are not moved by CF-Connecting-IPv6 either.
+	p := cipDefaultProxies(t)
+	for _, remote := range []string{"203.0.113.9:5555", "10.0.0.1:5555"} {
+		r := cipRequest(remote, cfh, pseudo4, cfh6, v6, xff, right)
+		require.NotEqual(t, v6, cipResult(p.ClientIP(r)), "peer %s", remote)
 	}
 }
 
@@ -301,6 +380,8 @@ func TestHeadersFromAnyPeerIPClientIP(t *testing.T) {
 		{"trailing empty entry skipped", "203.0.113.9:5555", []string{xff, "198.51.100.1, "}, "198.51.100.1"},
 		{"unusable rightmost: the peer", "203.0.113.9:5555", []string{xff, "198.51.100.1, unknown"}, "203.0.113.9"},
 		{"two CF-Connecting-IP lines ignored", "203.0.113.9:5555", []string{cfh, "1.1.1.1", cfh, "2.2.2.2"}, "203.0.113.9"},
+		{"CF-Connecting-IPv6 next to a pseudo IPv4 address", "203.0.113.9:5555", []string{cfh, "240.16.0.1", cfh6, "2001:db8:1::7"}, "2001:db8:1::7"},
+		{"CF-Connecting-IPv6 next to a real address ignored", "203.0.113.9:5555", []string{cfh, "198.51.100.1", cfh6, "2001:db8:1::7"}, "198.51.100.1"},
 		{"Unix socket peer: headers still read", "@", []string{xff, "198.51.100.1"}, "198.51.100.1"},
 		{"Unix socket peer, no headers", "@", nil, "!ok"},
 	}
@@ -484,6 +565,70 @@ func TestSpoofableRegression_CFConnectingIPFromNonCloudflarePeerIgnored(t *testi
 	}
 }
 
+// TestSpoofableRegression_CFConnectingIPv6WithRealIPv4 is the review finding: from a Cloudflare
+// edge (172.64.1.1) with a real CF-Connecting-IP, a client-supplied CF-Connecting-IPv6 that
+// differs on every request used to be believed, and 20 of 20 requests passed a limiter with Max 1.
+// CF-Connecting-IPv6 now counts only next to a pseudo IPv4 address (240.0.0.0/4) or no
+// CF-Connecting-IP at all, so every request after the first is refused.
+func TestSpoofableRegression_CFConnectingIPv6WithRealIPv4(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 30, 0, time.UTC)
+	clock := func() time.Time { return now }
+	limiter := func(t *testing.T, clientIP ClientIPFunc) http.Handler {
+		t.Helper()
+		l, err := New(Options{
+			Scope: "spoof6", Max: 1, Window: time.Minute,
+			Store:    NewMemoryKV(WithClock(clock)),
+			ClientIP: clientIP,
+			Now:      clock,
+			Logger:   slog.New(slog.DiscardHandler),
+		})
+		require.NoError(t, err)
+		return l.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusNoContent)
+		}))
+	}
+	// A different /48 every time, so no IPv6 grouping can hide a fresh key.
+	spoofed := func(i int) string { return "2001:db8:" + strconv.FormatInt(int64(i+1), 16) + "::1" }
+	resolvers := []struct {
+		name string
+		fn   ClientIPFunc
+	}{
+		{"Cloudflare preset", cipDefaultProxies(t).ClientIP},
+		{"TrustCFConnectingIP", cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{netip.MustParsePrefix("172.64.0.0/13")}, TrustCFConnectingIP: true}).ClientIP},
+		{"HeadersFromAnyPeerIP", HeadersFromAnyPeerIP},
+	}
+	for _, rv := range resolvers {
+		for _, client := range []string{"198.51.100.7", "2001:db8:77::7"} {
+			t.Run(rv.name+"/CF-Connecting-IP "+client, func(t *testing.T) {
+				h := limiter(t, rv.fn)
+				for i := range 20 {
+					want := http.StatusNoContent
+					if i > 0 {
+						want = http.StatusTooManyRequests
+					}
+					r := cipRequest("172.64.1.1:"+strconv.Itoa(1000+i), cfh, client, cfh6, spoofed(i))
+					require.Equal(t, want, cipStatus(h, r), "request %d", i+1)
+				}
+				// Another client still has its budget: the 429s are this client's.
+				require.Equal(t, http.StatusNoContent, cipStatus(h, cipRequest("172.64.1.1:999", cfh, "198.51.100.8", cfh6, spoofed(0))))
+			})
+		}
+		// Control: with a pseudo IPv4 address, as Cloudflare sends it, CF-Connecting-IPv6 is the
+		// client, and one /64 still shares one budget however the pseudo address varies.
+		t.Run(rv.name+"/pseudo IPv4 control", func(t *testing.T) {
+			h := limiter(t, rv.fn)
+			for i := range 5 {
+				r := cipRequest("172.64.1.1:1000", cfh, "240.16.0."+strconv.Itoa(i+1), cfh6, spoofed(i))
+				require.Equal(t, http.StatusNoContent, cipStatus(h, r), "IPv6 client %d", i+1)
+			}
+			for i := range 5 {
+				r := cipRequest("172.64.1.1:1000", cfh, "240.17.0."+strconv.Itoa(i+1), cfh6, "2001:db8:1::"+strconv.Itoa(i+2))
+				require.Equal(t, http.StatusTooManyRequests, cipStatus(h, r), "same /64, request %d", i+1)
+			}
+		})
+	}
+}
+
 func TestSpoofableRegression_IPv6RotationWithinSlash64ClientIP(t *testing.T) {
 	h := cipLimiter(t, RemoteAddrIP)
 	requireNoFreshBudget(t, h, func(i int) *http.Request {
@@ -528,8 +673,12 @@ func TestClientIPAllocs(t *testing.T) {
 		{"TrustedProxies untrusted peer", p.ClientIP, cipRequest("203.0.113.9:5555", xff, "1.1.1.1")},
 		{"TrustedProxies chain", p.ClientIP, cipRequest("10.0.0.1:5555", xff, "1.1.1.1, 2001:db8:1::7, 172.64.0.1, 10.0.0.2")},
 		{"TrustedProxies Cloudflare", p.ClientIP, cipRequest("[2606:4700::1]:5555", cfh, "2001:db8:1::7")},
+		{"TrustedProxies Cloudflare pseudo IPv4", p.ClientIP, cipRequest("172.64.0.1:5555", cfh, "240.16.0.1", cfh6, "2001:db8:1::7")},
+		{"TrustedProxies Cloudflare real IPv4, IPv6 ignored", p.ClientIP, cipRequest("172.64.0.1:5555", cfh, "198.51.100.7", cfh6, "2001:db8:1::7")},
+		{"TrustedProxies Cloudflare IPv6 header alone", p.ClientIP, cipRequest("172.64.0.1:5555", cfh6, "2001:db8:1::7")},
 		{"TrustedProxies many lines", p.ClientIP, cipRequest("10.0.0.1:5555", xff, "1.1.1.1", xff, "10.0.0.3", xff, "10.0.0.2")},
 		{"HeadersFromAnyPeerIP", HeadersFromAnyPeerIP, cipRequest("203.0.113.9:5555", xff, "1.1.1.1, 198.51.100.1")},
+		{"HeadersFromAnyPeerIP pseudo IPv4", HeadersFromAnyPeerIP, cipRequest("203.0.113.9:5555", cfh, "240.16.0.1", cfh6, "2001:db8:1::7")},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			allocs := testing.AllocsPerRun(200, func() {
