@@ -51,6 +51,10 @@ const (
 	MaxKeyLen = 512
 	// MaxBulkPairs is how many pairs one bulk write may carry.
 	MaxBulkPairs = 10000
+	// MaxBudget is the largest [Config.Budget] accepted, whatever the BudgetPeriod: the store
+	// remembers the time of each call of the period (8 bytes a call, 800 KB at this maximum), so
+	// a long period with a proportionally large budget could otherwise claim gigabytes.
+	MaxBudget = 100_000
 )
 
 // Cloudflare error codes the package gives a meaning to.
@@ -161,10 +165,16 @@ type Config struct {
 	// Cloudflare's 1,200 per 5 minutes for the token. The token's limit is shared by every
 	// instance and every other use of the token: with N instances, give each one its share
 	// (for example 600/N). A call past the budget is not sent and fails with
-	// [ErrBudgetExhausted]. A budget above 1,200 per 5 minutes is rejected.
+	// [ErrBudgetExhausted]. A budget above 1,200 per 5 minutes, or above [MaxBudget] calls in
+	// one BudgetPeriod, is rejected.
 	Budget int
 	// BudgetPeriod is the period of Budget. Default 5 minutes.
 	BudgetPeriod time.Duration
+
+	// Logger receives the few operator messages: those of [Synced.Run], and a [Store]'s notice
+	// that it answers from memory because the budget is spent or the API answered 429. Default
+	// [slog.Default].
+	Logger *slog.Logger
 
 	// The fields below apply to [Synced] only.
 
@@ -179,8 +189,6 @@ type Config struct {
 	// OnSyncError receives the errors of the syncs [Synced.Run] makes. Default: logged
 	// through Logger, at most once a minute.
 	OnSyncError func(error)
-	// Logger receives the few operator messages of Run. Default [slog.Default].
-	Logger *slog.Logger
 }
 
 // ConfigFromEnv reads the credentials from CLOUDFLARE_API_TOKEN, CLOUDFLARE_ACCOUNT_ID and
@@ -271,6 +279,8 @@ func newClient(cfg *Config) (*client, error) {
 		bad("Config.BudgetPeriod %v must be at least 1s", cfg.BudgetPeriod)
 	case cfg.Budget < 0:
 		bad("Config.Budget %d must be positive", cfg.Budget)
+	case cfg.Budget > MaxBudget:
+		bad("Config.Budget %d per %v is more than the %d calls per period the store can track", cfg.Budget, cfg.BudgetPeriod, MaxBudget)
 	case float64(cfg.Budget)/cfg.BudgetPeriod.Seconds() > APIRequestLimit/300.0:
 		bad("Config.Budget %d per %v is more than Cloudflare's %d per 5m", cfg.Budget, cfg.BudgetPeriod, APIRequestLimit)
 	}
@@ -442,7 +452,7 @@ func (c *client) get(ctx context.Context, key string) (value []byte, ok bool, er
 	}
 	var m meta
 	value, err = c.sdk.GetWorkersKV(withMeta(ctx, &m), c.account, cloudflare.GetWorkersKVParams{NamespaceID: c.nsID, Key: key})
-	err = m.check("get", key, err)
+	err = m.check("get", key, err, c.now())
 	c.settle(ctx, err)
 	var ae *APIError
 	if errors.As(err, &ae) && ae.notFound() {
@@ -467,7 +477,7 @@ func (c *client) put(ctx context.Context, key string, value []byte, ttl time.Dur
 	uri := c.nsPath + "/values/" + url.PathEscape(key) + "?expiration_ttl=" + strconv.Itoa(ttlSeconds(ttl))
 	_, err := c.sdk.Raw(withMeta(ctx, &m), http.MethodPut, uri, value,
 		http.Header{"Content-Type": []string{"application/octet-stream"}})
-	err = m.check("put", key, err)
+	err = m.check("put", key, err, c.now())
 	c.settle(ctx, err)
 	return err
 }
@@ -487,7 +497,7 @@ func (c *client) bulkPut(ctx context.Context, pairs []cloudflare.WorkersKVPair) 
 	var m meta
 	raw, err := c.sdk.Raw(withMeta(ctx, &m), http.MethodPut, c.nsPath+"/bulk", pairs,
 		http.Header{"Content-Type": []string{"application/json"}})
-	err = m.check("bulk write", "", err)
+	err = m.check("bulk write", "", err, c.now())
 	c.settle(ctx, err)
 	if err != nil {
 		return nil, err
@@ -517,8 +527,9 @@ func withMeta(ctx context.Context, m *meta) context.Context {
 
 // check turns the outcome of an SDK call into our error: an *APIError built from the response
 // the transport recorded when the API answered with an error status, the SDK's error (a
-// transport failure or a timeout, matching context.DeadlineExceeded) otherwise.
-func (m *meta) check(op, key string, sdkErr error) error {
+// transport failure or a timeout, matching context.DeadlineExceeded) otherwise. now is the
+// store's clock, against which a Retry-After date is read.
+func (m *meta) check(op, key string, sdkErr error, now time.Time) error {
 	if m.seen && m.status >= 400 {
 		ae := &APIError{Op: op, Key: key, Status: m.status, RayID: m.header.Get("Cf-Ray")}
 		var env cloudflare.Response
@@ -528,7 +539,7 @@ func (m *meta) check(op, key string, sdkErr error) error {
 			ae.Message = excerpt(m.body)
 		}
 		if m.status == http.StatusTooManyRequests {
-			ae.RetryAfter = parseRetryAfter(m.header.Get("Retry-After"))
+			ae.RetryAfter = parseRetryAfter(m.header.Get("Retry-After"), now)
 		}
 		return ae
 	}
@@ -549,8 +560,9 @@ func excerpt(body []byte) string {
 	return s
 }
 
-// parseRetryAfter reads delay-seconds or an HTTP date; zero when absent or unreadable.
-func parseRetryAfter(v string) time.Duration {
+// parseRetryAfter reads delay-seconds or an HTTP date, the date measured from now (the store's
+// clock, [Config.Now]); zero when absent or unreadable.
+func parseRetryAfter(v string, now time.Time) time.Duration {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0
@@ -559,7 +571,7 @@ func parseRetryAfter(v string) time.Duration {
 		return time.Duration(min(max(s, 0), 3600)) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil {
-		return max(0, min(time.Until(t), time.Hour))
+		return max(0, min(t.Sub(now), time.Hour))
 	}
 	return 0
 }
@@ -631,13 +643,16 @@ type Stats struct {
 	Calls       int64     // API calls made (attempts, as Cloudflare counts them)
 	Failed      int64     // calls that failed, other than "key not found"
 	PausedUntil time.Time // the end of the current back-off; zero when not paused
+	Keys        int       // keys held in memory
+	// The fields below are for [Store] only.
+	AnsweredLocally int64 // Gets answered from memory: budget spent, or paused after a 429
+	HeldLocally     int64 // Puts kept in memory only: key written < 1 s ago, a 429, or the budget
 	// The fields below are for [Synced] only.
 	Syncs            int64 // syncs that made calls
 	Reads            int64 // keys read
 	BulkWrites       int64 // bulk write calls
 	PairsWritten     int64 // pairs Cloudflare accepted (free plan: 1,000 writes a day)
 	UnsuccessfulKeys int64 // pairs Cloudflare reported unsuccessful, written again later
-	Keys             int   // keys held in memory
 }
 
 func (c *client) stats() Stats {

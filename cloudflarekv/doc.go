@@ -11,7 +11,14 @@
 //     is a bounded overshoot when several instances see one client (see [Synced]).
 //   - [Store], the seed's plain mode: a ratelimit.KV the limiter reads and writes on every
 //     request, in the seed's format, so a Go server can share counters with a Worker running
-//     the seed. Two API calls per request: about 2 requests per second for the whole fleet.
+//     the seed. Up to two API calls per request: about 2 requests per second for the whole
+//     fleet. Writes KV refuses or cannot take now (one write per second per key, the budget,
+//     Cloudflare's 429s) are held in the Store's memory and counted by its reads, so under a
+//     burst one instance still admits at most the limit per client (requests taken one after
+//     another); across instances the count is only as good as what KV took, up to N times the
+//     limit with N instances. Other failures (5xx, timeouts, a rejected token) follow the
+//     limiter's failure policy: prefer [Synced] to serve, and ratelimit.Options.FailClosed
+//     where letting requests through during an outage is worse than refusing them.
 //
 // Both send every call under the caller's context, with the SDK's client-side rate limiter and
 // retry sleeps turned off, honour Retry-After after a 429 and back off exponentially after 5xx

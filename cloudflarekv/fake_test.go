@@ -58,15 +58,17 @@ type fakeAPI struct {
 	budget     int           // requests per budgetWin; 0 = unlimited
 	budgetWin  time.Duration // default 5 minutes
 	retryAfter int           // seconds, sent with a budget 429
-	callTimes  []time.Time
-	latency    time.Duration // real time each request takes before it is answered
-	outage     int           // when not 0, every request gets this status with an HTML body
-	hang       chan struct{} // when not nil, requests wait until it is closed or the client leaves
-	barrier    int           // when > 1, requests wait until this many are in flight
-	waiting    int
-	release    chan struct{}
-	ttls       []int // expiration_ttl of every accepted write
-	log        []string
+	// retryAfterDate sends that Retry-After as an HTTP date of the fake clock instead.
+	retryAfterDate bool
+	callTimes      []time.Time
+	latency        time.Duration // real time each request takes before it is answered
+	outage         int           // when not 0, every request gets this status with an HTML body
+	hang           chan struct{} // when not nil, requests wait until it is closed or the client leaves
+	barrier        int           // when > 1, requests wait until this many are in flight
+	waiting        int
+	release        chan struct{}
+	ttls           []int // expiration_ttl of every accepted write
+	log            []string
 
 	calls        atomic.Int64 // every request
 	rejected     atomic.Int64 // answers other than success and 404 10009
@@ -226,8 +228,12 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		f.callTimes = live
 		if len(f.callTimes) >= f.budget {
+			retryAfter := strconv.Itoa(f.retryAfter)
+			if f.retryAfterDate {
+				retryAfter = now.Add(time.Duration(f.retryAfter) * time.Second).UTC().Format(http.TimeFormat)
+			}
 			f.mu.Unlock()
-			w.Header().Set("Retry-After", strconv.Itoa(f.retryAfter))
+			w.Header().Set("Retry-After", retryAfter)
 			w.Header().Set("Ratelimit-Policy", fmt.Sprintf(`"default";q=%d;w=300`, f.budget))
 			f.reject(w, http.StatusTooManyRequests, 971, "Please wait and consider throttling your request speed")
 			return

@@ -185,7 +185,8 @@ func TestStore429HonoursRetryAfterWithoutRetrying(t *testing.T) {
 		_, _, err := s.Get(ctx, key)
 		require.NoError(t, err)
 	}
-	_, _, err := s.Get(ctx, key)
+	// The client under both stores reports the 429 as it came.
+	_, _, err := s.c.get(ctx, key)
 	var ae *APIError
 	require.ErrorAs(t, err, &ae)
 	require.ErrorIs(t, err, ErrRateLimited)
@@ -196,11 +197,20 @@ func TestStore429HonoursRetryAfterWithoutRetrying(t *testing.T) {
 
 	// Until Retry-After has passed, no call is made at all.
 	clock.Advance(29 * time.Second)
-	_, _, err = s.Get(ctx, key)
+	_, _, err = s.c.get(ctx, key)
 	require.ErrorIs(t, err, ErrPaused)
 	require.ErrorIs(t, err, ErrRateLimited)
 	require.EqualValues(t, 3, f.calls.Load())
 	require.Equal(t, t0.Add(30*time.Second), s.Stats().PausedUntil)
+	// The plain Store answers from memory meanwhile, without a call and without an error.
+	require.NoError(t, s.Put(ctx, key, []byte(`{"window":1,"count":4}`), time.Minute))
+	v, ok, err := s.Get(ctx, key)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.JSONEq(t, `{"window":1,"count":4}`, string(v))
+	require.EqualValues(t, 3, f.calls.Load())
+	require.EqualValues(t, 1, s.Stats().AnsweredLocally)
+	require.EqualValues(t, 1, s.Stats().HeldLocally)
 
 	clock.Advance(5 * time.Minute) // the fake's budget period has passed too
 	_, _, err = s.Get(ctx, key)
@@ -208,22 +218,71 @@ func TestStore429HonoursRetryAfterWithoutRetrying(t *testing.T) {
 	require.EqualValues(t, 4, f.calls.Load())
 }
 
+// A Retry-After given as an HTTP date is read against the store's clock (Config.Now), not the
+// machine's: here the fake clock is years behind it.
+func TestRetryAfterDateUsesTheInjectedClock(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	f.set(func(f *fakeAPI) { f.budget, f.retryAfterDate = 1, true })
+	s := newTestStore(t, f)
+	ctx := context.Background()
+	_, _, err := s.c.get(ctx, "k")
+	require.NoError(t, err)
+	_, _, err = s.c.get(ctx, "k")
+	var ae *APIError
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, 30*time.Second, ae.RetryAfter)
+	require.Equal(t, t0.Add(30*time.Second), s.Stats().PausedUntil)
+
+	date := t0.Add(45 * time.Second).UTC().Format(http.TimeFormat)
+	require.Equal(t, 45*time.Second, parseRetryAfter(date, t0))
+	require.Zero(t, parseRetryAfter(date, t0.Add(time.Minute)), "a date in the past: no wait")
+	require.Equal(t, time.Hour, parseRetryAfter(date, t0.Add(-2*time.Hour)), "capped at an hour")
+}
+
 // A second write to one key within a second gets 429 without Retry-After: that is about the key,
-// so the request fails (and follows the failure policy) but the store does not pause.
+// so the store does not pause. The plain Store does not even send a second write of its own
+// within the second, and holds a write refused that way (another writer got there first) in
+// memory, where its Get finds it.
 func TestStorePerKeyWriteLimitDoesNotPauseTheStore(t *testing.T) {
 	clock := newFakeClock(t0)
 	f := newFakeAPI(clock)
 	defer f.Close()
 	s := newTestStore(t, f)
 	ctx := context.Background()
-	require.NoError(t, s.Put(ctx, "k", []byte("1"), time.Minute))
-	err := s.Put(ctx, "k", []byte("2"), time.Minute)
+	require.NoError(t, s.c.put(ctx, "k", []byte("1"), time.Minute))
+	err := s.c.put(ctx, "k", []byte("2"), time.Minute)
 	var ae *APIError
 	require.ErrorAs(t, err, &ae)
 	require.Equal(t, http.StatusTooManyRequests, ae.Status)
 	require.Zero(t, ae.RetryAfter)
+	require.True(t, perKeyLimit(err))
 	require.True(t, s.Stats().PausedUntil.IsZero())
 	require.NoError(t, s.Put(ctx, "other", []byte("1"), time.Minute))
+
+	// Another writer wrote "w" this second: the API refuses ours, which is held.
+	value := func(n int) []byte { return fmt.Appendf(nil, `{"window":%d,"count":%d}`, t0.Unix(), n) }
+	other := newTestStore(t, f)
+	require.NoError(t, other.Put(ctx, "w", value(1), time.Minute))
+	calls := f.calls.Load()
+	require.NoError(t, s.Put(ctx, "w", value(2), time.Minute))
+	require.Equal(t, calls+1, f.calls.Load())
+	require.EqualValues(t, 2, f.rejected.Load(), "the API refused it, as it did the second c.put")
+	got, _, err := s.Get(ctx, "w")
+	require.NoError(t, err)
+	require.Equal(t, value(2), got, "ahead of the stored count: the held value")
+	// Our own write of "other" was accepted a moment ago: the next is not sent at all.
+	calls = f.calls.Load()
+	require.NoError(t, s.Put(ctx, "other", []byte("2"), time.Minute))
+	require.Equal(t, calls, f.calls.Load())
+	require.EqualValues(t, 2, s.Stats().HeldLocally)
+	require.True(t, s.Stats().PausedUntil.IsZero())
+	// A second later it is written, with the latest value.
+	clock.Advance(time.Second)
+	require.NoError(t, s.Put(ctx, "other", []byte("3"), time.Minute))
+	stored, _ := f.value("other")
+	require.Equal(t, "3", stored)
 }
 
 func TestStore5xxBacksOffExponentially(t *testing.T) {
@@ -409,7 +468,7 @@ func TestResponseBodiesAlwaysClosed(t *testing.T) {
 	require.NoError(t, err)
 	_, _, err = s.Get(ctx, "missing") // 404 10009
 	require.NoError(t, err)
-	require.Error(t, s.Put(ctx, "k", []byte("v"), time.Minute)) // 429: second write within a second
+	require.Error(t, s.c.put(ctx, "k", []byte("v"), time.Minute)) // 429: second write within a second
 	clock.Advance(time.Minute)
 	f.set(func(f *fakeAPI) { f.outage = http.StatusBadGateway })
 	_, _, err = s.Get(ctx, "k") // 502, which the SDK leaves open
@@ -428,12 +487,42 @@ func TestBudgetBoundsPlainMode(t *testing.T) {
 		_, _, err := s.Get(ctx, "k")
 		require.NoError(t, err)
 	}
-	_, _, err := s.Get(ctx, "k")
+	_, _, err := s.c.get(ctx, "k")
 	require.ErrorIs(t, err, ErrBudgetExhausted)
+	require.ErrorIs(t, s.c.put(ctx, "k", []byte("v"), time.Minute), ErrBudgetExhausted)
+	// The plain Store answers from memory instead: absent, then what it held.
+	_, ok, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, ok)
+	require.NoError(t, s.Put(ctx, "k", []byte("v"), time.Minute))
+	v, ok, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "v", string(v))
 	require.EqualValues(t, 3, f.calls.Load())
+	st := s.Stats()
+	require.EqualValues(t, 2, st.AnsweredLocally)
+	require.EqualValues(t, 1, st.HeldLocally)
+	require.Equal(t, 1, st.Keys)
 	clock.Advance(time.Minute)
 	_, _, err = s.Get(ctx, "k")
 	require.NoError(t, err)
+	require.EqualValues(t, 4, f.calls.Load())
+}
+
+// A budget must fit the ring that tracks it: a long period with a proportionally large budget
+// passes the rate check but is refused, with its value quoted, instead of allocating 8 bytes
+// per call of the period.
+func TestBudgetIsBounded(t *testing.T) {
+	f := newFakeAPI(newFakeClock(t0))
+	defer f.Close()
+	budget, period := 2_000_000, 1000*time.Hour // 0.56 calls per second, far under the limit
+	_, err := NewStore(Config{APIToken: "t", AccountID: "a", NamespaceID: "n", Budget: budget, BudgetPeriod: period})
+	require.ErrorContains(t, err, "cloudflarekv: Config.Budget 2000000 per 1000h0m0s is more than the 100000 calls per period the store can track")
+	_, err = NewSynced(Config{APIToken: "t", AccountID: "a", NamespaceID: "n", Budget: budget, BudgetPeriod: period})
+	require.ErrorContains(t, err, "Config.Budget 2000000")
+	s := newTestStore(t, f, func(c *Config) { c.Budget, c.BudgetPeriod = MaxBudget, 100*time.Hour })
+	require.Len(t, s.c.budget.times, MaxBudget)
 }
 
 func TestConfigFromEnv(t *testing.T) {
@@ -483,6 +572,155 @@ func TestAPIErrorMessage(t *testing.T) {
 	require.False(t, errors.Is(err, ErrConfiguration))
 	require.True(t, errors.Is(&APIError{Status: 401}, ErrConfiguration))
 	require.False(t, errors.Is(&APIError{Status: 404, Code: CodeKeyNotFound}, ErrConfiguration))
-	require.Equal(t, 30*time.Second, parseRetryAfter(" 30 "))
-	require.Zero(t, parseRetryAfter("soon"))
+	require.Equal(t, 30*time.Second, parseRetryAfter(" 30 ", t0))
+	require.Zero(t, parseRetryAfter("soon", t0))
+}
+
+// plainRun drives one real limiter over a plain Store, one request at a time, with the
+// limiter's default policy (fail open), and counts what it admits and the errors it returns.
+type plainRun struct {
+	clock    *fakeClock
+	f        *fakeAPI
+	store    *Store
+	limiter  *ratelimit.Limiter
+	reported atomic.Int64 // errors Allow returned; the request then failed open
+}
+
+func newPlainRun(t *testing.T, max int, edit ...func(*Config)) *plainRun {
+	clock := newFakeClock(t0.Add(5 * time.Second))
+	f := newFakeAPI(clock)
+	t.Cleanup(f.Close)
+	f.set(func(f *fakeAPI) { f.budget = APIRequestLimit })
+	p := &plainRun{clock: clock, f: f, store: newTestStore(t, f, edit...)}
+	var err error
+	p.limiter, err = ratelimit.New(ratelimit.Options{Scope: "auth", Max: max, Window: time.Minute, Store: p.store, Now: clock.Now})
+	require.NoError(t, err)
+	return p
+}
+
+// burst sends n requests from ip, step apart, and returns how many were admitted.
+func (p *plainRun) burst(t *testing.T, ip string, n int, step time.Duration) (admitted int) {
+	t.Helper()
+	for range n {
+		res, err := p.limiter.Allow(clientRequest(ip))
+		if err != nil && p.reported.Add(1) == 1 {
+			t.Logf("first store error: %v", err)
+		}
+		if res.Allowed {
+			admitted++
+		}
+		p.clock.Advance(step)
+	}
+	return admitted
+}
+
+// One client bursts 400 requests at one instance in 0.4 s, far faster than Workers KV's one
+// write per second per key. The plain Store holds the writes KV refuses (or that it does not
+// send) in memory, so the limiter, failing open by default, still admits exactly Max; then a
+// new client gets exactly Max too (the budget is not spent: the deny cache stops the calls).
+func TestPlainStoreLimitsABurstOnOneInstance(t *testing.T) {
+	const max = 3
+	p := newPlainRun(t, max)
+	require.Equal(t, max, p.burst(t, "203.0.113.7", 400, time.Millisecond), "one client, 400 requests")
+	require.Equal(t, max, p.burst(t, "198.51.100.9", 10, time.Millisecond), "then another client, 10 requests")
+	st := p.store.Stats()
+	require.Zero(t, p.reported.Load(), "no store error: nothing failed open")
+	require.Zero(t, p.f.rejected.Load(), "no call refused by the API")
+	require.Equal(t, p.f.calls.Load(), st.Calls)
+	require.EqualValues(t, 2*(max+2), st.Calls, "per client: Max+1 GETs (the last finds it over) and one PUT (KV's one per second)")
+	// What KV holds: the one write per second it took; the rest is in this instance's memory.
+	v, ok := p.f.value("ratelimit:auth:203.0.113.7")
+	require.True(t, ok)
+	require.JSONEq(t, fmt.Sprintf(`{"window":%d,"count":1}`, t0.Unix()), v)
+	t.Logf("plain burst: 400+10 requests from 2 clients, admitted %d+%d (Max %d), %d API calls, %d writes held in memory",
+		max, max, max, st.Calls, st.HeldLocally)
+}
+
+// Many clients, one instance: the budget runs out (or the API answers 429 for the token), and
+// the Store then answers from memory, so each client still gets exactly Max instead of the
+// layer failing open for everyone.
+func TestPlainStoreLimitsWhenCallsRunOut(t *testing.T) {
+	const max, clients, each = 3, 40, 10
+	for _, tc := range []struct {
+		name      string
+		storeCfg  func(*Config)
+		apiBudget int
+	}{
+		{"store budget spent", func(c *Config) { c.Budget = 30 }, APIRequestLimit},
+		{"API-wide 429", func(*Config) {}, 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPlainRun(t, max, tc.storeCfg)
+			p.f.set(func(f *fakeAPI) { f.budget = tc.apiBudget })
+			for i := range clients {
+				require.Equal(t, max, p.burst(t, fmt.Sprint("192.0.2.", i), each, 10*time.Millisecond), "client %d", i)
+			}
+			st := p.store.Stats()
+			require.Zero(t, p.reported.Load(), "no store error: nothing failed open")
+			require.LessOrEqual(t, st.Calls, int64(31))
+			require.Positive(t, st.AnsweredLocally)
+			t.Logf("%s: %d clients × %d requests, each admitted %d (Max %d), %d API calls, %d GETs answered and %d PUTs held in memory",
+				tc.name, clients, each, max, max, st.Calls, st.AnsweredLocally, st.HeldLocally)
+		})
+	}
+}
+
+// The plain Store's memory is bounded and expires: past localMaxKeys a new key is not
+// remembered (its writes refused for capacity then fail as the API answered), and entries go
+// once their TTL has passed, except a key written less than a second ago, whose write time is
+// kept for Workers KV's per-key limit.
+func TestPlainStoreMemoryIsBoundedAndExpires(t *testing.T) {
+	var l localValues
+	now := t0.UnixNano()
+	perShard := localMaxKeys / localShards
+	var keys []string
+	for i := 0; len(keys) <= perShard; i++ {
+		if k := fmt.Sprint("ratelimit:global:10.", i); fnv32(k)%localShards == 0 {
+			keys = append(keys, k)
+		}
+	}
+	for _, k := range keys[:perShard] {
+		require.True(t, l.keep(k, []byte(`{"window":1,"count":1}`), time.Minute, now, false))
+	}
+	require.False(t, l.keep(keys[perShard], []byte(`{"window":1,"count":1}`), time.Minute, now, false), "full")
+	require.True(t, l.keep(keys[0], []byte(`{"window":1,"count":2}`), time.Minute, now, true), "known keys still update")
+	v, ok := l.get(keys[0], now)
+	require.True(t, ok)
+	require.Equal(t, `{"window":1,"count":2}`, string(v))
+	require.True(t, l.keep(keys[0], []byte(`{"window":1,"count":1}`), time.Minute, now, false))
+	v, _ = l.get(keys[0], now)
+	require.Equal(t, `{"window":1,"count":2}`, string(v), "a value behind the remembered one does not replace it")
+
+	later := now + int64(time.Minute)
+	_, ok = l.get(keys[1], later)
+	require.False(t, ok, "expired")
+	require.True(t, l.keep(keys[perShard], []byte(`{"window":2,"count":1}`), time.Minute, later, false), "room again")
+	require.Equal(t, 1, l.len(), "expired entries are swept")
+	_, ok = l.get(keys[0], later)
+	require.False(t, ok)
+}
+
+func TestPlainStoreConcurrentUse(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	s := newTestStore(t, f)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 20 {
+				key := fmt.Sprint("k", i%3)
+				if _, _, err := s.Get(ctx, key); err != nil {
+					t.Error(err)
+				}
+				if err := s.Put(ctx, key, fmt.Appendf(nil, `{"window":%d,"count":%d}`, t0.Unix(), g*20+i), time.Minute); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Zero(t, s.Stats().Failed-f.rejected.Load(), "only per-key 429s failed")
+	require.Equal(t, 3, s.Stats().Keys)
 }

@@ -34,7 +34,7 @@ var ErrClosed = errors.New("cloudflarekv: store closed")
 // had requests on this instance in their current window (those with the most requests since
 // their last read first, then the least recently read), then writes, in one bulk call of up to
 // 10,000 pairs, every key whose count grew since it was last written: at most once per sync and
-// never twice within a second. Calls per sync are capped at Budget × SyncInterval / BudgetPeriod
+// never twice within a second, also across a window boundary (the KV key is the same). Calls per sync are capped at Budget × SyncInterval / BudgetPeriod
 // (20 with the defaults) and by the budget itself. After an API-wide 429 the store waits for its
 // Retry-After; after 5xx answers, timeouts or a rejected token it backs off exponentially (1 s
 // doubling to 5 minutes). Increment is unaffected: it only ever touches memory.
@@ -52,7 +52,9 @@ var ErrClosed = errors.New("cloudflarekv: store closed")
 // N×M. A burst that outruns the first syncs gets N×M; so can anything when D reaches the window.
 //
 // Memory holds one entry per key active on this instance, dropped when its window ends (the end
-// is the window start plus half the TTL: [ratelimit.Limiter] passes a TTL of twice the window).
+// is the window start plus half the TTL: [ratelimit.Limiter] passes a TTL of twice the window),
+// or a second after the key's last write if that is later: the key's next window must not write
+// it again within the second.
 //
 // A Synced is safe for simultaneous use by multiple goroutines. It starts no goroutine by itself:
 // call [Synced.Run] (usually `go s.Run(ctx)`), and [Synced.Close] to stop it.
@@ -203,27 +205,34 @@ func (s *Synced) Increment(_ context.Context, key string, window time.Time, ttl 
 	defer sh.mu.Unlock()
 	e := sh.m[key]
 	if e == nil || e.window < w {
+		var lastWrite int64
 		if e == nil {
 			sh.sweep(now)
 			if sh.m == nil {
 				sh.m = make(map[string]*entry)
 			}
+		} else {
+			// The KV key is the same across windows, and so is its limit of one write per
+			// second: the new window's first write waits for the old window's last.
+			lastWrite = e.lastWrite
 		}
-		e = &entry{window: w, end: window.Add(ttl / 2).UnixNano(), ttl: ttl}
+		e = &entry{window: w, end: window.Add(ttl / 2).UnixNano(), ttl: ttl, lastWrite: lastWrite}
 		sh.m[key] = e
 	}
 	e.local++
 	return e.local + e.remoteSum, nil
 }
 
-// sweep drops entries whose window has ended, at most once a second. The caller holds sh.mu.
+// sweep drops entries whose window has ended, at most once a second. An entry written less
+// than a second ago is kept until that second has passed, so that a new window of its key still
+// knows when the key was last written. The caller holds sh.mu.
 func (sh *syncShard) sweep(now int64) {
 	if now < sh.nextSweep {
 		return
 	}
 	sh.nextSweep = now + int64(time.Second)
 	for k, e := range sh.m {
-		if now >= e.end {
+		if now >= e.end && now-e.lastWrite >= minWriteGap {
 			delete(sh.m, k)
 		}
 	}
@@ -297,6 +306,9 @@ func (s *Synced) Sync(ctx context.Context) error {
 		sh.nextSweep = 0
 		sh.sweep(now)
 		for k, e := range sh.m {
+			if now >= e.end {
+				continue // ended; kept only for its last write time
+			}
 			reads = append(reads, readJob{key: k, window: e.window, fresh: e.local - e.readAt, lastRead: e.lastRead})
 			if e.local > e.written && now-e.lastWrite >= minWriteGap {
 				writes++

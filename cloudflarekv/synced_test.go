@@ -535,3 +535,45 @@ func TestSyncedReadsTheBusiestKeysFirst(t *testing.T) {
 	n, _ = a.Increment(ctx, "cold-1", t0, 2*time.Minute)
 	require.EqualValues(t, 2, n, "the cold keys wait for spare calls")
 }
+
+// The KV key of a client is the same in every window, and Workers KV takes one write per second
+// per key: the first write of a new window waits for the old window's last, whether the old
+// entry was still in memory or already swept when the new window began.
+func TestSyncedKeepsTheLastWriteTimeAcrossWindows(t *testing.T) {
+	for _, swept := range []bool{false, true} {
+		t.Run(fmt.Sprint("swept=", swept), func(t *testing.T) {
+			clock := newFakeClock(t0.Add(time.Minute - 500*time.Millisecond))
+			f := newFakeAPI(clock)
+			defer f.Close()
+			a := newTestSynced(t, f, "a")
+			ctx := context.Background()
+			a.Increment(ctx, burstKey, t0, 2*time.Minute)
+			require.NoError(t, a.Sync(ctx)) // written half a second before the window ends
+			require.EqualValues(t, 1, a.Stats().BulkWrites)
+
+			t1 := t0.Add(time.Minute)
+			clock.Set(t1)
+			if swept {
+				require.NoError(t, a.Sync(ctx)) // sweeps every ended entry
+			}
+			n, _ := a.Increment(ctx, burstKey, t1, 2*time.Minute)
+			require.EqualValues(t, 1, n, "a new window")
+			clock.Set(t1.Add(200 * time.Millisecond))
+			require.NoError(t, a.Sync(ctx), "0.7 s after the last write: not written again")
+			require.EqualValues(t, 1, a.Stats().BulkWrites)
+			require.Zero(t, f.rejected.Load()+f.unsuccessful.Load(), "no write refused by the API")
+
+			clock.Set(t1.Add(500 * time.Millisecond))
+			require.NoError(t, a.Sync(ctx))
+			require.EqualValues(t, 2, a.Stats().BulkWrites)
+			v := decodeValue(t, f, burstKey)
+			require.Equal(t, t1.Unix(), *v.Window)
+			require.EqualValues(t, 1, *v.Count)
+			require.Zero(t, f.rejected.Load()+f.unsuccessful.Load())
+
+			clock.Set(t1.Add(2 * time.Minute))
+			require.NoError(t, a.Sync(ctx))
+			require.Zero(t, a.Stats().Keys, "ended entries are still dropped")
+		})
+	}
+}
