@@ -557,24 +557,20 @@ func (l *Limiter) appendRateLimit(dst []byte, remaining int, resetSec int64) []b
 // rateLimitValueSlots is the size of a layer's cache of RateLimit values.
 const rateLimitValueSlots = 256
 
-// maxResponseValues bounds the header values one response gets from a layer: five with
-// HeadersBoth, and deniedValues more when it is denied.
-const maxResponseValues = 5 + deniedValues
-
 // rateLimitEntry is a cached RateLimit header value. It also carries the backing array of the
-// header values of the response that built it, so that a cache miss costs two allocations (this
-// entry and the text) rather than three; the cache reads only the first three fields, so what
-// that response's handler does to its headers cannot reach the cache.
+// two header values of the allowed response that built it, so that a cache miss costs two
+// allocations (this entry and the text) rather than three; the cache reads only the first three
+// fields, so what that response's handler does to its headers cannot reach the cache.
 type rateLimitEntry struct {
 	remaining int
 	resetSec  int64
 	value     string
-	vals      [maxResponseValues]string
+	vals      [2]string // RateLimit-Policy and RateLimit, with HeadersStandard
 }
 
 // rateLimitValue returns the RateLimit value for remaining and resetSec from the layer's cache.
-// On a miss it builds and caches the value, and returns in vals an empty slice with room for
-// the response's header values. A value depends only on these two numbers, and in a busy second
+// On a miss it builds and caches the value and, when they fit, returns in vals an empty slice
+// with room for an allowed response's header values. A value depends only on these two numbers, and in a busy second
 // many clients share it.
 func (l *Limiter) rateLimitValue(remaining int, resetSec int64) (value string, vals []string) {
 	slot := &l.rateLimitValues[uint(remaining)%rateLimitValueSlots]
@@ -584,6 +580,9 @@ func (l *Limiter) rateLimitValue(remaining int, resetSec int64) (value string, v
 	var buf [128]byte
 	v := &rateLimitEntry{remaining: remaining, resetSec: resetSec, value: string(l.appendRateLimit(buf[:0], remaining, resetSec))}
 	slot.Store(v)
+	if l.allowValues > len(v.vals) {
+		return v.value, nil // HeadersBoth: the caller allocates room for all five values
+	}
 	return v.value, v.vals[:0]
 }
 
