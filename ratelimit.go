@@ -110,7 +110,8 @@ type Options struct {
 	DenyHandler func(w http.ResponseWriter, r *http.Request, res Result)
 	// Headers chooses the rate-limit headers. Default: [HeadersStandard].
 	Headers HeaderStyle
-	// Logger receives the layer's few operator messages. Default: [slog.Default].
+	// Logger receives the layer's few operator messages. Default: [slog.Default] at the time of
+	// each message, so a later [slog.SetDefault] is honoured.
 	Logger *slog.Logger
 	// Now reads the clock. Default: [time.Now].
 	Now func() time.Time
