@@ -795,3 +795,13 @@ func TestEscapedPathsCannotDodgeTheFilter(t *testing.T) {
 		require.True(t, res.Counted())
 	})
 }
+
+func TestDefaultLoggerIsReadWhenLogging(t *testing.T) {
+	prev := slog.Default()
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	l := newLimiter(t, Options{Scope: "auth", Max: 1, Window: time.Minute, Store: failingKV{}})
+	var logs bytes.Buffer
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil))) // after New, as a program might
+	serve(l.Handler(okHandler), newRequest("/", "192.0.2.1:1"))
+	require.Contains(t, logs.String(), "store problem")
+}
