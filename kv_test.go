@@ -111,13 +111,7 @@ func TestMemoryKVGivesMemoryBack(t *testing.T) {
 	clock := newFakeClock(windowStart)
 	m := NewMemoryKV(WithClock(clock.Now))
 
-	heap := func() uint64 {
-		runtime.GC()
-		var s runtime.MemStats
-		runtime.ReadMemStats(&s)
-		return s.HeapAlloc
-	}
-	before := heap()
+	before := liveHeap()
 	for i := range flood {
 		key := fmt.Sprintf("ratelimit:global:10.%d.%d.%d", i>>16, (i>>8)&0xff, i&0xff)
 		_, _ = m.Increment(ctx, key, windowStart, 2*time.Minute)
@@ -126,7 +120,7 @@ func TestMemoryKVGivesMemoryBack(t *testing.T) {
 		}
 	}
 	require.Equal(t, flood+flood/2, m.Len())
-	full := heap()
+	full := liveHeap()
 
 	// Two windows later every entry has expired; a new window's traffic sweeps every shard.
 	clock.Advance(2*time.Minute + time.Duration(sweepEvery))
@@ -135,7 +129,7 @@ func TestMemoryKVGivesMemoryBack(t *testing.T) {
 		_ = m.Put(ctx, fmt.Sprint("ratelimit:auth:fresh-", i), []byte("x"), 2*time.Minute)
 	}
 	require.Equal(t, 4000, m.Len(), "only the fresh entries remain")
-	after := heap()
+	after := liveHeap()
 	runtime.KeepAlive(m) // measured while the store is still in use
 	grown := full - before
 	require.Less(t, after-min(after, before), grown/5,
