@@ -1,7 +1,10 @@
 package ratelimit
 
 import (
+	"fmt"
 	"net/http"
+	"reflect"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -14,45 +17,73 @@ func TestHandlerAllocs(t *testing.T) {
 		name    string
 		headers HeaderStyle
 		max     int
+		layers  int
 		status  int
-		allocs  float64
 	}{
-		{"allow/HeadersNone", HeadersNone, 1 << 30, http.StatusOK, 0},
-		{"allow/HeadersStandard", HeadersStandard, 1 << 30, http.StatusOK, 2},
-		// A denied response's one allocation is its own header slices (Retry-After and the
-		// rest); the header text is shared.
-		{"deny/HeadersNone", HeadersNone, 1, http.StatusTooManyRequests, 1},
-		{"deny/HeadersStandard", HeadersStandard, 1, http.StatusTooManyRequests, 1},
-		{"deny/HeadersBoth", HeadersBoth, 1, http.StatusTooManyRequests, 4},
+		{"allow/HeadersNone", HeadersNone, 1 << 30, 1, http.StatusOK},
+		{"allow/HeadersStandard", HeadersStandard, 1 << 30, 1, http.StatusOK},
+		{"allow/HeadersLegacy", HeadersLegacy, 1 << 30, 1, http.StatusOK},
+		{"allow/HeadersBoth", HeadersBoth, 1 << 30, 1, http.StatusOK},
+		{"allow/HeadersStandard/two layers", HeadersStandard, 1 << 30, 2, http.StatusOK},
+		{"deny/HeadersNone", HeadersNone, 1, 1, http.StatusTooManyRequests},
+		{"deny/HeadersStandard", HeadersStandard, 1, 1, http.StatusTooManyRequests},
+		{"deny/HeadersBoth", HeadersBoth, 1, 1, http.StatusTooManyRequests},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, err := New(Options{Scope: "alloc", Max: tc.max, Window: time.Hour, Store: NewMemoryKV(), Headers: tc.headers})
-			if err != nil {
-				t.Fatal(err)
+			if raceEnabled && !(tc.headers == HeadersNone && tc.status == http.StatusOK) {
+				t.Skip("sync.Pool drops the header arenas at random under the race detector; .ci/run runs this test without it")
 			}
-			h := l.Handler(benchOK)
+			var h http.Handler = benchOK
+			for i := range tc.layers {
+				l, err := New(Options{Scope: fmt.Sprint("alloc", i), Max: tc.max, Window: time.Hour, Store: NewMemoryKV(), Headers: tc.headers})
+				if err != nil {
+					t.Fatal(err)
+				}
+				h = l.Handler(h)
+			}
 			r := benchRequest(t, 1)
 			w := newBenchWriter()
 			for range 2 { // the first request creates the client's entry
 				w.reset()
 				h.ServeHTTP(w, r)
 			}
-			got := testing.AllocsPerRun(200, func() {
+			// Header memory comes in blocks for many responses: count over many requests, with
+			// the precision testing.AllocsPerRun rounds away.
+			const requests = 10_000
+			got := mallocsPerRun(requests, func() {
 				w.reset()
 				h.ServeHTTP(w, r)
 			})
 			if w.status != tc.status {
 				t.Fatalf("status %d, want %d", w.status, tc.status)
 			}
-			if got > tc.allocs {
-				t.Errorf("%v allocations per request, want at most %v", got, tc.allocs)
+			// No header, no allocation; with headers, a block of values or text now and then.
+			want := 0.1
+			if tc.headers == HeadersNone && tc.status == http.StatusOK {
+				want = 0
+			}
+			if got > want {
+				t.Errorf("%.3f allocations per request, want at most %v", got, want)
 			}
 		})
 	}
 }
 
+// mallocsPerRun returns the average number of heap allocations of f over runs calls, unrounded.
+func mallocsPerRun(runs int, f func()) float64 {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	f()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range runs {
+		f()
+	}
+	runtime.ReadMemStats(&after)
+	return float64(after.Mallocs-before.Mallocs) / float64(runs)
+}
+
 // TestIncrementAllocs guards the store alone: counting an existing key allocates nothing, whether
-// the key is a string (Increment) or the limiter's stack buffer (increment).
+// the key is a string (Increment) or the limiter's stack buffer (incrementAt).
 func TestIncrementAllocs(t *testing.T) {
 	m := NewMemoryKV()
 	window := time.Now().Truncate(time.Hour)
@@ -64,8 +95,10 @@ func TestIncrementAllocs(t *testing.T) {
 		t.Errorf("Increment: %v allocations, want 0", got)
 	}
 	buf := []byte(key)
-	if got := testing.AllocsPerRun(200, func() { increment(m, buf, window.UnixNano(), time.Hour) }); got != 0 {
-		t.Errorf("increment: %v allocations, want 0", got)
+	if got := testing.AllocsPerRun(200, func() {
+		m.incrementAt(counterKeyOfBytes(m.seedsOf(), buf), window.UnixNano(), time.Hour, m.clock())
+	}); got != 0 {
+		t.Errorf("incrementAt: %v allocations, want 0", got)
 	}
 }
 
@@ -98,9 +131,9 @@ func TestHeaderValuesAreNotShared(t *testing.T) {
 	}
 }
 
-// TestCachedRateLimitValues: RateLimit values shared through the layer's cache are those of the
-// request at hand, as the remaining count and the seconds left change.
-func TestCachedRateLimitValues(t *testing.T) {
+// TestRateLimitValues: RateLimit values, whose seconds-left part is built once per second and
+// shared, are those of the request at hand as the remaining count and the seconds left change.
+func TestRateLimitValues(t *testing.T) {
 	now := time.Unix(1_700_000_040, 0) // a window start for 60 s windows
 	clock := func() time.Time { return now }
 	l, err := New(Options{Scope: "cache", Max: 10, Window: time.Minute, Store: NewMemoryKV(WithClock(clock)), Now: clock})
@@ -161,6 +194,44 @@ func TestResetMatchesTimeSub(t *testing.T) {
 		}
 		if want := time.Unix(start+3600, 0).Sub(now); res.Reset != want {
 			t.Errorf("at %v: Reset %v, want %v", now, res.Reset, want)
+		}
+	}
+}
+
+// TestHeaderValuesOutliveLaterResponses: header values are cut from blocks shared by many
+// responses; no later response, in this block or the next, overwrites an earlier one's values.
+// Two layers also exercise the values added to another layer's.
+func TestHeaderValuesOutliveLaterResponses(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { return now }
+	const max = 1 << 30
+	var h http.Handler = benchOK
+	for _, scope := range []string{"inner", "outer"} {
+		l, err := New(Options{Scope: scope, Max: max, Window: time.Hour, Store: NewMemoryKV(WithClock(clock)), Now: clock, Headers: HeadersBoth})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h = l.Handler(h)
+	}
+	r := benchRequest(t, 1)
+	const requests = 3 * arenaValues // several blocks of values and of text
+	responses := make([]*benchWriter, requests)
+	for i := range responses {
+		responses[i] = newBenchWriter()
+		h.ServeHTTP(responses[i], r)
+	}
+	reset := fmt.Sprint(now.Truncate(time.Hour).Add(time.Hour).Unix())
+	for i, w := range responses {
+		left := fmt.Sprint(max - 1 - i)
+		want := http.Header{
+			"Ratelimit-Policy":      {`"outer";q=1073741824;w=3600`, `"inner";q=1073741824;w=3600`},
+			"Ratelimit":             {`"outer";r=` + left + `;t=` + fmt.Sprint(3600-now.Unix()%3600), `"inner";r=` + left + `;t=` + fmt.Sprint(3600-now.Unix()%3600)},
+			"X-Ratelimit-Limit":     {"1073741824"},
+			"X-Ratelimit-Remaining": {left},
+			"X-Ratelimit-Reset":     {reset},
+		}
+		if !reflect.DeepEqual(want, w.h) {
+			t.Fatalf("response %d:\n got %q\nwant %q", i, w.h, want)
 		}
 	}
 }

@@ -112,8 +112,13 @@ func BenchmarkHandlerDeny(b *testing.B) {
 	runBench(b, benchHandler(b, 1, HeadersStandard), []string{benchRequest(b, 1).RemoteAddr}, http.StatusTooManyRequests)
 }
 
-func BenchmarkHandlerParallel(b *testing.B) {
-	h := benchHandler(b, 1<<30, HeadersStandard)
+func BenchmarkHandlerParallel(b *testing.B) { benchParallel(b, HeadersStandard) }
+
+func BenchmarkHandlerParallelNoHeaders(b *testing.B) { benchParallel(b, HeadersNone) }
+
+// benchParallel: every goroutine cycles through 1,024 clients of its own.
+func benchParallel(b *testing.B, headers HeaderStyle) {
+	h := benchHandler(b, 1<<30, headers)
 	const perWorker = 1024
 	sets := make([][]string, 64)
 	for g := range sets {

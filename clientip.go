@@ -428,6 +428,37 @@ func isPort(s string) bool {
 	return true
 }
 
+// appendIPv4Port appends the client key of s when s is an IPv4 address and a port, as
+// RemoteAddr almost always is ("192.0.2.1:49152"), and reports whether it was. Such an address
+// is its own key: a valid one has no leading zeros and is written as AppendTo writes it, so it
+// is only checked, not parsed and written again. Anything else is left to parseIP and
+// appendClientKey, and dst is returned unchanged; where this accepts, they agree (a fuzz test
+// checks it).
+func appendIPv4Port(dst []byte, s string) ([]byte, bool) {
+	dots, digits, octet := 0, 0, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case '0' <= c && c <= '9':
+			if digits > 0 && octet == 0 {
+				return dst, false // a leading zero
+			}
+			octet = octet*10 + int(c-'0')
+			digits++
+			if octet > 255 {
+				return dst, false
+			}
+		case c == '.' && digits > 0 && dots < 3:
+			dots++
+			digits, octet = 0, 0
+		case c == ':' && digits > 0 && dots == 3 && isPort(s[i:]):
+			return append(dst, s[:i]...), true
+		default:
+			return dst, false
+		}
+	}
+	return dst, false
+}
+
 // unknownClient is the client key of requests whose address could not be found.
 const unknownClient = "unknown"
 

@@ -183,3 +183,32 @@ func FuzzClientIP(f *testing.F) {
 		}
 	})
 }
+
+// FuzzRemoteIPv4FastPath: wherever the limiter's fast path for RemoteAddr accepts, it builds the
+// key that RemoteAddrIP and appendClientKey build, and it leaves dst alone where it declines.
+//
+//	go test -run '^$' -fuzz '^FuzzRemoteIPv4FastPath$' -fuzztime 10s .
+func FuzzRemoteIPv4FastPath(f *testing.F) {
+	for _, s := range []string{
+		"192.0.2.1:80", "0.0.0.0:1", "255.255.255.255:65535", "1.2.3.4:999999", "01.2.3.4:80",
+		"1.2.3.4", "1.2.3.4:", "256.1.1.1:80", "1.2.3:80", "1.2.3.4.5:80", " 1.2.3.4:80",
+		"[::ffff:1.2.3.4]:80", "1.2.3.4:8a", "1..2.3:80", "1.2.3.4%eth0:80", "", ":80",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		prefix := []byte("ratelimit:x:")
+		got, ok := appendIPv4Port(prefix, s)
+		if !ok {
+			if string(got) != string(prefix) {
+				t.Fatalf("%q declined, but dst became %q", s, got)
+			}
+			return
+		}
+		addr, valid := parseIP(s)
+		want := appendClientKey(prefix, addr, valid, DefaultIPv6PrefixBits)
+		if !valid || !addr.Is4() || string(got) != string(want) {
+			t.Fatalf("%q: fast path key %q, RemoteAddrIP key %q (valid %v)", s, got, want, valid)
+		}
+	})
+}

@@ -882,3 +882,38 @@ func BenchmarkClientIP(b *testing.B) {
 		})
 	}
 }
+
+func TestAppendIPv4Port(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string // "" when the fast path declines
+	}{
+		{"192.0.2.1:80", "192.0.2.1"},
+		{"0.0.0.0:1", "0.0.0.0"},
+		{"255.255.255.255:65535", "255.255.255.255"},
+		{"10.20.30.40:99999", "10.20.30.40"},
+		{"1.2.3.4", ""},             // no port
+		{"1.2.3.4:", ""},            // empty port
+		{"1.2.3.4:123456", ""},      // port too long
+		{"1.2.3.4:8a", ""},          // port not digits
+		{"01.2.3.4:80", ""},         // leading zero
+		{"1.2.3.00:80", ""},         // leading zero
+		{"256.1.1.1:80", ""},        // octet too large
+		{"1.2.3:80", ""},            // three octets
+		{"1.2.3.4.5:80", ""},        // five octets
+		{"1..3.4:80", ""},           // empty octet
+		{" 1.2.3.4:80", ""},         // blank: left to parseIP
+		{"[::ffff:1.2.3.4]:80", ""}, // mapped IPv6: left to parseIP
+		{"[2001:db8::1]:80", ""},
+		{"", ""},
+	} {
+		got, ok := appendIPv4Port([]byte("k:"), tc.in)
+		if tc.want == "" {
+			require.False(t, ok, "%q", tc.in)
+			require.Equal(t, "k:", string(got), "%q", tc.in)
+			continue
+		}
+		require.True(t, ok, "%q", tc.in)
+		require.Equal(t, "k:"+tc.want, string(got), "%q", tc.in)
+	}
+}

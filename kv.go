@@ -3,7 +3,9 @@ package ratelimit
 import (
 	"bytes"
 	"context"
+	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,12 +46,19 @@ type Counter interface {
 // so a flood of distinct clients costs memory only while their windows last. It suits a single
 // instance, local development and unit tests of handlers; several instances need a shared store.
 //
+// Counters are kept by a 128-bit hash of their key under random seeds of the store, not by the
+// key text: a counter then takes about 80 bytes, and two keys share one only with a probability
+// of about 10^-21 for a billion keys.
+//
 // The zero value is ready to use and reads the time with [time.Now]; [NewMemoryKV] can inject a
 // clock. A MemoryKV is safe for simultaneous use by multiple goroutines and must not be copied
 // after first use. Counters written by Increment and values written by Put are kept apart, even
 // under the same key.
 type MemoryKV struct {
 	now    func() time.Time
+	seeded atomic.Bool
+	seedMu sync.Mutex
+	seeds  [2]maphash.Seed // of counter keys; set on first use, so that the zero value works
 	shards [memoryShards]memoryShard
 }
 
@@ -68,7 +77,21 @@ func NewMemoryKV(opts ...MemoryOption) *MemoryKV {
 	for _, opt := range opts {
 		opt(m)
 	}
+	m.seedsOf()
 	return m
+}
+
+// seedsOf returns the seeds of counter keys, choosing them on first use.
+func (m *MemoryKV) seedsOf() *[2]maphash.Seed {
+	if !m.seeded.Load() {
+		m.seedMu.Lock()
+		if !m.seeded.Load() {
+			m.seeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+			m.seeded.Store(true)
+		}
+		m.seedMu.Unlock()
+	}
+	return &m.seeds
 }
 
 // Compile-time checks that MemoryKV satisfies both store contracts.
@@ -80,7 +103,8 @@ var (
 const (
 	// memoryShards spreads keys over independent locks, so that parallel requests for different
 	// clients rarely wait for each other.
-	memoryShards = 64
+	memoryShardBits = 6
+	memoryShards    = 1 << memoryShardBits
 	// sweepEvery is how often, at most, a shard walks its entries to drop expired ones. The walk
 	// happens on a write, so a shard nobody writes to keeps its memory until the next write.
 	sweepEvery = int64(5 * time.Second)
@@ -91,25 +115,18 @@ const (
 	shrinkMin = 1024
 )
 
-type counterEntry struct {
-	window  int64 // window start, Unix nanoseconds
-	expires int64 // Unix nanoseconds
-	count   int64
-}
-
 type valueEntry struct {
 	value   []byte
 	expires int64 // Unix nanoseconds
 }
 
 type memoryShard struct {
-	mu           sync.Mutex
-	counters     map[string]*counterEntry
-	values       map[string]valueEntry
-	countersPeak int
-	valuesPeak   int
-	nextSweep    int64
-	_            [64]byte // keeps neighbouring shards' locks off one cache line
+	mu         sync.Mutex
+	counters   counterTable
+	values     map[string]valueEntry
+	valuesPeak int
+	nextSweep  int64
+	_          [64]byte // keeps neighbouring shards' locks off one cache line
 }
 
 func (m *MemoryKV) clock() int64 {
@@ -119,30 +136,18 @@ func (m *MemoryKV) clock() int64 {
 	return m.now().UnixNano()
 }
 
-// shardOf hashes key eight bytes at a time and mixes the result with the finaliser of
-// MurmurHash3; it takes strings and byte slices alike without converting.
-func shardOf[K string | []byte](key K) int {
-	h := uint64(len(key)) * 0x9e3779b97f4a7c15
-	i := 0
-	for ; i+8 <= len(key); i += 8 {
-		w := uint64(key[i]) | uint64(key[i+1])<<8 | uint64(key[i+2])<<16 | uint64(key[i+3])<<24 |
-			uint64(key[i+4])<<32 | uint64(key[i+5])<<40 | uint64(key[i+6])<<48 | uint64(key[i+7])<<56
-		h = (h ^ w) * 0xff51afd7ed558ccd
-		h ^= h >> 32
-	}
-	for ; i < len(key); i++ {
-		h = (h ^ uint64(key[i])) * 0x100000001b3
-	}
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return int(h % memoryShards)
+// shardOf picks a counter's shard by the top bits of its hash; the table slot uses the bottom ones.
+func shardOf(k counterKey) int { return int(k.hi >> (64 - memoryShardBits)) }
+
+// valueShard picks the shard of a KV value.
+func (m *MemoryKV) valueShard(key string) *memoryShard {
+	return &m.shards[shardOf(counterKeyOfString(m.seedsOf(), key))]
 }
 
 // Get implements [KV]. It returns a copy of the stored value.
 func (m *MemoryKV) Get(_ context.Context, key string) ([]byte, bool, error) {
 	now := m.clock()
-	s := &m.shards[shardOf(key)]
+	s := m.valueShard(key)
 	s.mu.Lock()
 	e, ok := s.values[key]
 	s.mu.Unlock()
@@ -155,7 +160,7 @@ func (m *MemoryKV) Get(_ context.Context, key string) ([]byte, bool, error) {
 // Put implements [KV]. It stores a copy of value. A ttl that is not positive removes the key.
 func (m *MemoryKV) Put(_ context.Context, key string, value []byte, ttl time.Duration) error {
 	now := m.clock()
-	s := &m.shards[shardOf(key)]
+	s := m.valueShard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sweep(now)
@@ -173,33 +178,22 @@ func (m *MemoryKV) Put(_ context.Context, key string, value []byte, ttl time.Dur
 
 // Increment implements [Counter]. It never fails.
 func (m *MemoryKV) Increment(_ context.Context, key string, window time.Time, ttl time.Duration) (int64, error) {
-	return increment(m, key, window.UnixNano(), ttl), nil
+	return m.incrementAt(counterKeyOfString(m.seedsOf(), key), window.UnixNano(), ttl, m.clock()), nil
 }
 
-// increment is the allocation-free path the limiter takes when its store is a MemoryKV: the key
-// is a byte slice on the caller's stack and is copied into a string only for a new entry.
-func increment[K string | []byte](m *MemoryKV, key K, window int64, ttl time.Duration) int64 {
-	return incrementAt(m, key, window, ttl, m.clock())
-}
-
-// incrementAt is increment at the time now, in Unix nanoseconds of m's clock. An existing entry
-// is updated through its pointer, so the map is only read, never assigned, and m[string(key)]
-// does not allocate.
-func incrementAt[K string | []byte](m *MemoryKV, key K, window int64, ttl time.Duration, now int64) int64 {
-	s := &m.shards[shardOf(key)]
+// incrementAt is Increment of the counter k at the time now, in Unix nanoseconds of m's clock.
+// The limiter calls it with a key hashed from a byte slice on its stack, and with the time it
+// has already read when m's clock is the system clock.
+func (m *MemoryKV) incrementAt(k counterKey, window int64, ttl time.Duration, now int64) int64 {
+	s := &m.shards[shardOf(k)]
 	s.mu.Lock()
-	e := s.counters[string(key)]
-	switch {
-	case e == nil:
-		s.sweep(now)
-		if s.counters == nil {
-			s.counters = make(map[string]*counterEntry)
-		}
-		e = &counterEntry{window: window}
-		s.counters[string(key)] = e
-		s.countersPeak = max(s.countersPeak, len(s.counters))
-	case e.window != window || e.expires <= now:
-		*e = counterEntry{window: window}
+	e := s.counters.lookup(k)
+	if e == nil {
+		s.sweep(now) // before inserting: a sweep may rebuild the table
+		e = s.counters.insert(k)
+	}
+	if e.window != window || e.expires <= now {
+		e.window, e.count = window, 0
 	}
 	e.count++
 	e.expires = now + int64(ttl)
@@ -208,18 +202,14 @@ func incrementAt[K string | []byte](m *MemoryKV, key K, window int64, ttl time.D
 	return count
 }
 
-// peek returns the count of key in window without changing it; ok is false when there is none.
-func peek(m *MemoryKV, key []byte, window int64) (count int64, ok bool) {
+// peek returns the count of k in window without changing it; ok is false when there is none.
+func (m *MemoryKV) peek(k counterKey, window int64) (count int64, ok bool) {
 	now := m.clock()
-	s := &m.shards[shardOf(key)]
+	s := &m.shards[shardOf(k)]
 	s.mu.Lock()
-	p := s.counters[string(key)]
-	var e counterEntry
-	if p != nil {
-		e = *p
-	}
-	s.mu.Unlock()
-	if p == nil || e.window != window || e.expires <= now {
+	defer s.mu.Unlock()
+	e := s.counters.lookup(k)
+	if e == nil || e.window != window || e.expires <= now {
 		return 0, false
 	}
 	return e.count, true
@@ -232,7 +222,7 @@ func (m *MemoryKV) Len() int {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		n += len(s.counters) + len(s.values)
+		n += s.counters.used + len(s.values)
 		s.mu.Unlock()
 	}
 	return n
@@ -245,7 +235,7 @@ func (s *memoryShard) sweep(now int64) {
 		return
 	}
 	s.nextSweep = now + sweepEvery
-	s.counters, s.countersPeak = sweepMap(s.counters, s.countersPeak, func(e *counterEntry) bool { return e.expires <= now })
+	s.counters.sweep(now)
 	s.values, s.valuesPeak = sweepMap(s.values, s.valuesPeak, func(e valueEntry) bool { return e.expires <= now })
 }
 

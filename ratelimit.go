@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -62,10 +63,6 @@ const (
 
 // maxWindowSeconds bounds a window to 365 days, far from any overflow of twice the window.
 const maxWindowSeconds = 365 * 24 * 60 * 60
-
-// nanoSafeSeconds bounds the Unix times, in seconds, whose window end in Unix nanoseconds fits in
-// an int64 (the years 1678 to 2261).
-const nanoSafeSeconds = (1<<63-1)/int64(time.Second) - maxWindowSeconds
 
 // Options configures one layer. The zero value of every field but Scope, Max and Window is a
 // documented default.
@@ -113,7 +110,10 @@ type Options struct {
 	// Logger receives the layer's few operator messages. Default: [slog.Default] at the time of
 	// each message, so a later [slog.SetDefault] is honoured.
 	Logger *slog.Logger
-	// Now reads the clock. Default: [time.Now].
+	// Now reads the clock. Default: the system clock, as [time.Now] reads it, at half the cost
+	// per request: time.Now is read once a second and advanced by the monotonic clock in
+	// between. After the system clock is stepped (set by hand, or a virtual machine resumed), the
+	// layer follows within a second.
 	Now func() time.Time
 }
 
@@ -143,34 +143,37 @@ type Limiter struct {
 	windowSec int64
 	ttl       time.Duration
 	filter    pathFilter
+	countAll  bool   // filter has no patterns: every path is counted
 	keyPrefix string // "ratelimit:{scope}:"
 	v6Bits    int
 
 	passAll bool // disabled or without a store: the middleware is the next handler itself
 	mem     *MemoryKV
-	memNow  bool // the layer and mem both read time.Now, so Allow's one reading serves both
+	memNow  bool // the layer and mem both read the system clock, so Allow's one reading serves both
 	counter Counter
 	kv      KV
 	denied  *MemoryKV // clients over the limit, so a remote store is not asked again this window
 
-	clientIP   ClientIPFunc
-	timeout    time.Duration
-	failClosed bool
-	onError    func(*http.Request, error)
-	deny       func(http.ResponseWriter, *http.Request, Result)
-	headers    HeaderStyle
-	now        func() time.Time
+	clientIP     ClientIPFunc
+	remoteAddrIP bool // clientIP is the default, RemoteAddrIP, which has a fast path
+	timeout      time.Duration
+	failClosed   bool
+	onError      func(*http.Request, error)
+	deny         func(http.ResponseWriter, *http.Request, Result)
+	headers      HeaderStyle
+	now          func() time.Time
+	ownClock     bool // now is clock.now, which unixNow reads without building a time.Time
 
 	// Header values that never change, computed once.
-	policyValue string
-	limitValue  string
-	allowValues int // how many header values an allowed response gets
-	// Header values of responses with nothing remaining (every denied one), which change only
-	// with the seconds left in the window: a flood of denied requests shares them.
-	exhausted atomic.Pointer[exhaustedValues]
-	// Recent RateLimit values with something remaining, by remaining count: a value depends only
-	// on the remaining count and the seconds left, and in a busy second many clients share it.
-	rateLimitValues [rateLimitValueSlots]atomic.Pointer[rateLimitEntry]
+	policyValue     string
+	limitValue      string
+	allowValues     int    // how many header values an allowed response gets
+	rateLimitPrefix string // of RateLimit: "scope";r=
+	// The header texts of the last second left in a window that a response needed.
+	lastSecond atomic.Pointer[secondsLeftValues]
+	arenas     sync.Pool // of *headerArena
+
+	clock systemClock // the default clock
 
 	logger      *slog.Logger
 	lastLogged  atomic.Int64 // Unix nanoseconds of the last default OnError log line
@@ -234,16 +237,21 @@ func New(opts Options) (*Limiter, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
+	l.countAll = l.filter.only.empty() && l.filter.exempt.empty()
 
 	if l.clientIP == nil {
 		l.clientIP = RemoteAddrIP
+		l.remoteAddrIP = true
 	}
 	if l.now == nil {
-		l.now = time.Now
+		l.now = l.clock.now
+		l.ownClock = true
 	}
+	l.arenas.New = func() any { return new(headerArena) }
 	l.windowSec = int64(opts.Window / time.Second)
 	l.ttl = 2 * opts.Window
 	l.keyPrefix = "ratelimit:" + opts.Scope + ":"
+	l.rateLimitPrefix = strconv.Quote(opts.Scope) + ";r="
 	l.policyValue = fmt.Sprintf("%q;q=%d;w=%d", opts.Scope, opts.Max, l.windowSec)
 	l.limitValue = strconv.Itoa(opts.Max)
 	switch l.headers {
@@ -303,7 +311,8 @@ func (l *Limiter) Scope() string { return l.scope }
 
 // Allow decides whether r may proceed. It is shorthand for AllowAt(r, now) with the layer's clock.
 func (l *Limiter) Allow(r *http.Request) (Result, error) {
-	return l.allowAt(r, l.now(), l.memNow)
+	sec, nsec := l.unixNow()
+	return l.allowAt(r, sec, nsec, l.memNow)
 }
 
 // AllowAt decides whether r, arriving at now, may proceed, and counts it.
@@ -313,40 +322,54 @@ func (l *Limiter) Allow(r *http.Request) (Result, error) {
 // after a store failure it is uncounted and Allowed unless [Options.FailClosed] is set, and after
 // a corrupt value the request counts as the first of a fresh window.
 func (l *Limiter) AllowAt(r *http.Request, now time.Time) (Result, error) {
-	return l.allowAt(r, now, false)
+	return l.allowAt(r, now.Unix(), int64(now.Nanosecond()), false)
 }
 
-// allowAt is AllowAt; memNow tells that now was read from time.Now, which is also the MemoryKV's
-// clock, so that the store need not read the clock again (a clock reading costs about as much as
-// the rest of the MemoryKV path).
-func (l *Limiter) allowAt(r *http.Request, now time.Time, memNow bool) (Result, error) {
-	if l.passAll || !l.filter.match(r.URL) {
+// unixNow reads the layer's clock: Unix seconds, and nanoseconds within the second.
+func (l *Limiter) unixNow() (sec, nsec int64) {
+	if l.ownClock {
+		n := l.clock.unixNano()
+		return n / int64(time.Second), n % int64(time.Second)
+	}
+	t := l.now()
+	return t.Unix(), int64(t.Nanosecond())
+}
+
+// allowAt is AllowAt at sec seconds and nsec nanoseconds (0 to 999,999,999) of Unix time, a
+// form that holds any time.Time without overflow. memNow tells that the time was read from the
+// system clock, which is also the MemoryKV's clock, so that the store need not read the clock
+// again (a clock reading costs about as much as the rest of the MemoryKV path).
+func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool) (Result, error) {
+	if l.passAll || !l.countAll && !l.filter.match(r.URL) {
 		return Result{Allowed: true}, nil
 	}
 	var buf [128]byte // the longest key: 10 + 64 (scope) + 1 + 39 (IPv6) bytes
 	key := append(buf[:0], l.keyPrefix...)
-	addr, ok := l.clientIP(r)
-	key = appendClientKey(key, addr, ok, l.v6Bits)
+	var done bool
+	if l.remoteAddrIP {
+		key, done = appendIPv4Port(key, r.RemoteAddr)
+	}
+	if !done {
+		addr, ok := l.clientIP(r)
+		key = appendClientKey(key, addr, ok, l.v6Bits)
+	}
 
-	sec := now.Unix()
 	start := sec - sec%l.windowSec
 	if start > sec { // before 1970 the remainder is negative: round down, not toward zero
 		start -= l.windowSec
 	}
-	var reset time.Duration
-	if -nanoSafeSeconds < sec && sec < nanoSafeSeconds {
-		// What time.Time.Sub computes, without its overflow checks, which cannot fire here.
-		reset = time.Duration((start+l.windowSec)*int64(time.Second) - now.UnixNano())
-	} else {
-		reset = time.Unix(start+l.windowSec, 0).Sub(now)
-	}
+	// At most a window (365 days) of nanoseconds: no overflow, whatever the year.
+	reset := time.Duration((start+l.windowSec-sec)*int64(time.Second) - nsec)
 	if l.mem != nil {
-		if memNow {
-			return l.result(incrementAt(l.mem, key, start*int64(time.Second), l.ttl, now.UnixNano()), reset), nil
+		k := counterKeyOfBytes(l.mem.seedsOf(), key)
+		now := sec*int64(time.Second) + nsec
+		if !memNow {
+			now = l.mem.clock()
 		}
-		return l.result(increment(l.mem, key, start*int64(time.Second), l.ttl), reset), nil
+		return l.result(l.mem.incrementAt(k, start*int64(time.Second), l.ttl, now), reset), nil
 	}
-	if _, denied := peek(l.denied, key, start); denied {
+	deniedKey := counterKeyOfBytes(l.denied.seedsOf(), key)
+	if _, denied := l.denied.peek(deniedKey, start); denied {
 		return l.result(l.max+1, reset), nil
 	}
 	// The client's going away must not cancel the count: a client that resets its stream after
@@ -360,7 +383,7 @@ func (l *Limiter) allowAt(r *http.Request, now time.Time, memNow bool) (Result, 
 	}
 	res := l.result(count, reset)
 	if !res.Allowed {
-		increment(l.denied, key, start, reset)
+		l.denied.incrementAt(deniedKey, start, reset, l.denied.clock())
 	}
 	return res, err
 }
@@ -432,182 +455,6 @@ func appendSeedValue(dst []byte, window, count int64) []byte {
 	dst = append(dst, `,"count":`...)
 	dst = strconv.AppendInt(dst, count, 10)
 	return append(dst, '}')
-}
-
-// Handler is the middleware: it counts each request, sets the rate-limit headers, and passes the
-// request to next, or answers 429 (or 503 when the store fails and FailClosed is set). A disabled
-// layer, or one without a store, returns next itself.
-func (l *Limiter) Handler(next http.Handler) http.Handler {
-	if l.passAll {
-		return next
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		now := l.now()
-		res, err := l.allowAt(r, now, l.memNow)
-		if err != nil {
-			l.report(r, err)
-		}
-		switch {
-		case res.Allowed:
-			if res.Limit > 0 {
-				l.headersFor(w.Header(), res, now, 0)
-			}
-			next.ServeHTTP(w, r)
-		case res.Limit == 0:
-			rh := responseHeaders{h: w.Header(), vals: make([]string, 0, 2)}
-			writePlain(w, &rh, http.StatusServiceUnavailable, unavailableBody)
-		default:
-			rh := l.headersFor(w.Header(), res, now, deniedValues)
-			rh.set("Retry-After", l.exhaustedAt(ceilSeconds(res.RetryAfter)).retryAfter)
-			if l.deny != nil {
-				l.deny(w, r, res)
-				return
-			}
-			writePlain(w, &rh, http.StatusTooManyRequests, tooManyBody)
-		}
-	})
-}
-
-var (
-	tooManyBody     = []byte("Too Many Requests\n")
-	unavailableBody = []byte("Service Unavailable\n")
-)
-
-func writePlain(w http.ResponseWriter, rh *responseHeaders, status int, body []byte) {
-	rh.set("Content-Type", "text/plain; charset=utf-8")
-	rh.set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
-}
-
-// responseHeaders writes one response's headers. Every value gets a one-element slice cut from
-// one backing array: a single allocation per response, and no slice shared with any other
-// response, so a handler that edits its headers in place cannot change another response's. Only
-// the immutable strings are shared. Header names are given in canonical form, so no per-request
-// canonicalisation is needed.
-type responseHeaders struct {
-	h    http.Header
-	vals []string
-}
-
-// set replaces the values of name with value.
-func (rh *responseHeaders) set(name, value string) {
-	rh.vals = append(rh.vals, value)
-	n := len(rh.vals)
-	rh.h[name] = rh.vals[n-1 : n : n]
-}
-
-// add appends value to the values of name. RateLimit and RateLimit-Policy are lists: when two
-// layers count one request, the client sees both policies and both counts.
-func (rh *responseHeaders) add(name, value string) {
-	if old := rh.h[name]; len(old) > 0 {
-		rh.h[name] = append(old[:len(old):len(old)], value)
-		return
-	}
-	rh.set(name, value)
-}
-
-// deniedValues is how many header values a denied response gets beyond the rate-limit headers:
-// Retry-After, Content-Type and X-Content-Type-Options.
-const deniedValues = 3
-
-// headersFor writes the layer's rate-limit headers for res, decided at now, and returns the
-// response's headers with room for extra more values.
-func (l *Limiter) headersFor(h http.Header, res Result, now time.Time, extra int) responseHeaders {
-	resetSec := ceilSeconds(res.Reset)
-	rh := responseHeaders{h: h}
-	var rateLimit string
-	if l.headers == HeadersStandard || l.headers == HeadersBoth {
-		if res.Remaining == 0 {
-			rateLimit = l.exhaustedAt(resetSec).rateLimit
-		} else {
-			rateLimit, rh.vals = l.rateLimitValue(res.Remaining, resetSec)
-		}
-	}
-	if n := l.allowValues + extra; rh.vals == nil && n > 0 {
-		rh.vals = make([]string, 0, n)
-	}
-	if rateLimit != "" {
-		rh.add("Ratelimit-Policy", l.policyValue)
-		rh.add("Ratelimit", rateLimit)
-	}
-	if l.headers == HeadersLegacy || l.headers == HeadersBoth {
-		// The legacy trio holds one policy: keep the most restrictive layer's.
-		if old := h["X-Ratelimit-Remaining"]; len(old) > 0 {
-			if n, err := strconv.Atoi(old[0]); err == nil && n <= res.Remaining {
-				return rh
-			}
-		}
-		rh.set("X-Ratelimit-Limit", l.limitValue)
-		rh.set("X-Ratelimit-Remaining", strconv.Itoa(res.Remaining))
-		rh.set("X-Ratelimit-Reset", strconv.FormatInt(now.Add(res.Reset).Unix(), 10))
-	}
-	return rh
-}
-
-// appendRateLimit appends the value of the RateLimit header: "scope";r=remaining;t=resetSec.
-func (l *Limiter) appendRateLimit(dst []byte, remaining int, resetSec int64) []byte {
-	dst = append(dst, '"')
-	dst = append(dst, l.scope...)
-	dst = append(dst, `";r=`...)
-	dst = strconv.AppendInt(dst, int64(remaining), 10)
-	dst = append(dst, ";t="...)
-	return strconv.AppendInt(dst, resetSec, 10)
-}
-
-// rateLimitValueSlots is the size of a layer's cache of RateLimit values.
-const rateLimitValueSlots = 256
-
-// rateLimitEntry is a cached RateLimit header value. It also carries the backing array of the
-// two header values of the allowed response that built it, so that a cache miss costs two
-// allocations (this entry and the text) rather than three; the cache reads only the first three
-// fields, so what that response's handler does to its headers cannot reach the cache.
-type rateLimitEntry struct {
-	remaining int
-	resetSec  int64
-	value     string
-	vals      [2]string // RateLimit-Policy and RateLimit, with HeadersStandard
-}
-
-// rateLimitValue returns the RateLimit value for remaining and resetSec from the layer's cache.
-// On a miss it builds and caches the value and, when they fit, returns in vals an empty slice
-// with room for an allowed response's header values. A value depends only on these two numbers, and in a busy second
-// many clients share it.
-func (l *Limiter) rateLimitValue(remaining int, resetSec int64) (value string, vals []string) {
-	slot := &l.rateLimitValues[uint(remaining)%rateLimitValueSlots]
-	if v := slot.Load(); v != nil && v.remaining == remaining && v.resetSec == resetSec {
-		return v.value, nil
-	}
-	var buf [128]byte
-	v := &rateLimitEntry{remaining: remaining, resetSec: resetSec, value: string(l.appendRateLimit(buf[:0], remaining, resetSec))}
-	slot.Store(v)
-	if l.allowValues > len(v.vals) {
-		return v.value, nil // HeadersBoth: the caller allocates room for all five values
-	}
-	return v.value, v.vals[:0]
-}
-
-// exhaustedValues are the header values of a response with nothing remaining, resetSec seconds
-// before the window ends.
-type exhaustedValues struct {
-	resetSec   int64
-	rateLimit  string // RateLimit: "scope";r=0;t=resetSec
-	retryAfter string // Retry-After: resetSec
-}
-
-// exhaustedAt returns the values for resetSec, building them once per second of the window, so
-// that a flood of denied requests allocates no header text.
-func (l *Limiter) exhaustedAt(resetSec int64) *exhaustedValues {
-	if v := l.exhausted.Load(); v != nil && v.resetSec == resetSec {
-		return v
-	}
-	v := &exhaustedValues{
-		resetSec:   resetSec,
-		rateLimit:  string(l.appendRateLimit(nil, 0, resetSec)),
-		retryAfter: strconv.FormatInt(resetSec, 10),
-	}
-	l.exhausted.Store(v)
-	return v
 }
 
 // ceilSeconds rounds d up to whole seconds, at least 1: the delay-seconds of Retry-After and the
