@@ -77,6 +77,8 @@ func writePlain(w http.ResponseWriter, rh *responseHeaders, status int, body []b
 type headerArena struct {
 	vals []string // the unused rest of a block of values
 	text []byte   // a block of text: handed out up to len, unused from len to cap
+	// the unused rest of a block of cache entries, published to other goroutines once filled in
+	entries []rateLimitText
 	// Each request writes its arena: keep two arenas, used on two processors, off one cache line.
 	_ [cacheLine]byte
 }
@@ -87,12 +89,23 @@ const cacheLine = 64
 // Sizes of an arena's blocks. A block is kept alive by any header value cut from it, so they are
 // small: a handler that keeps one value keeps at most one block.
 const (
-	arenaValues = 128
-	arenaText   = 4096
+	arenaValues  = 128
+	arenaText    = 4096
+	arenaEntries = 64
 	// maxValueText bounds the text of one header value the arena builds: the longest is a
 	// RateLimit value, `"` + scope (64) + `";r=` + remaining (20) + `;t=` + seconds (20).
 	maxValueText = 1 + 64 + 4 + 20 + 3 + 20
 )
+
+// textEntry returns a zero rateLimitText of its own.
+func (a *headerArena) textEntry() *rateLimitText {
+	if len(a.entries) == 0 {
+		a.entries = make([]rateLimitText, arenaEntries)
+	}
+	e := &a.entries[0]
+	a.entries = a.entries[1:]
+	return e
+}
 
 // values returns an empty slice with room for exactly n values.
 func (a *headerArena) values(n int) []string {
@@ -168,9 +181,7 @@ func (l *Limiter) headersFor(a *headerArena, h http.Header, res Result, sec, nse
 		if res.Remaining == 0 {
 			rateLimit = l.secondValues(resetSec).exhausted
 		} else {
-			text := a.textBuffer()
-			start := len(text)
-			rateLimit = a.string(l.appendRateLimit(text, res.Remaining, resetSec), start)
+			rateLimit = l.rateLimitValue(a, res.Remaining, resetSec)
 		}
 		rh.add("Ratelimit-Policy", l.policyValue)
 		rh.add("Ratelimit", rateLimit)
@@ -198,6 +209,39 @@ func (l *Limiter) appendRateLimit(dst []byte, remaining int, resetSec int64) []b
 	dst = append(dst, l.rateLimitPrefix...)
 	dst = strconv.AppendInt(dst, int64(remaining), 10)
 	return append(dst, l.secondValues(resetSec).rateLimitSuffix...)
+}
+
+// rateLimitText is a RateLimit value of the layer's cache.
+type rateLimitText struct {
+	remaining int
+	resetSec  int64
+	value     string
+}
+
+// rateLimitTextSlots is the size of a layer's cache of RateLimit values.
+const rateLimitTextSlots = 256
+
+// rateLimitValue returns the RateLimit value for remaining and resetSec. The value depends on
+// these two numbers only, and in a busy second many clients share them, so the layer caches
+// values by remaining count. A value is cached when it is needed a second time while its slot
+// last missed on it: a single busy client, whose remaining count changes with every request,
+// then costs the cache nothing, and neither does it evict the values many clients share.
+func (l *Limiter) rateLimitValue(a *headerArena, remaining int, resetSec int64) string {
+	slot := uint(remaining) % rateLimitTextSlots
+	if v := l.rateLimitTexts[slot].Load(); v != nil && v.remaining == remaining && v.resetSec == resetSec {
+		return v.value
+	}
+	text := a.textBuffer()
+	start := len(text)
+	value := a.string(l.appendRateLimit(text, remaining, resetSec), start)
+	// Any collision of this tag only caches a value early.
+	tag := int64(remaining)<<32 ^ resetSec
+	if l.rateLimitMisses[slot].Swap(tag) == tag {
+		e := a.textEntry()
+		*e = rateLimitText{remaining: remaining, resetSec: resetSec, value: value}
+		l.rateLimitTexts[slot].Store(e)
+	}
+	return value
 }
 
 // secondsLeftValues are the header texts that depend only on the seconds left in the window.

@@ -171,7 +171,10 @@ type Limiter struct {
 	rateLimitPrefix string // of RateLimit: "scope";r=
 	// The header texts of the last second left in a window that a response needed.
 	lastSecond atomic.Pointer[secondsLeftValues]
-	arenas     sync.Pool // of *headerArena
+	// RateLimit values by remaining count, and what each slot last missed on.
+	rateLimitTexts  [rateLimitTextSlots]atomic.Pointer[rateLimitText]
+	rateLimitMisses [rateLimitTextSlots]atomic.Int64
+	arenas          sync.Pool // of *headerArena
 
 	clock systemClock // the default clock
 
