@@ -2,7 +2,10 @@ package ratelimit
 
 import (
 	"hash/maphash"
+	"math"
 	"math/bits"
+	"sync"
+	"sync/atomic"
 )
 
 // counterKey identifies a MemoryKV counter: a 128-bit hash of its key under the store's two
@@ -23,33 +26,69 @@ func counterKeyOfString(seeds *[2]maphash.Seed, key string) counterKey {
 	return counterKey{maphash.String(seeds[0], key), maphash.String(seeds[1], key)}
 }
 
-// counterSlot is one slot of a counterTable.
-type counterSlot struct {
-	key counterKey
-	e   *counterEntry // nil when the slot is empty
-}
-
-// counterEntry is a counter. Entries live outside the table, each allocated when its key is
-// first counted: the table is then only read once a client is known, and an entry is allocated
-// from the memory of the processor that created it, so the counters of clients served on
-// different processors rarely share a cache line. Counters inside the table, next to those of
-// other clients, made two processors slower than one (measured).
+// counterEntry is one counter. Entries live outside the table, each allocated when its key is
+// first counted, and are updated under their own lock: counting a known client writes nothing
+// but its own entry. (A shard-wide lock, written by every request, made two processors slower
+// than one: measured.)
 type counterEntry struct {
+	key     counterKey // set before the entry is published, then never changed
+	mu      sync.Mutex
 	window  int64 // window start, Unix nanoseconds
-	expires int64 // Unix nanoseconds
+	expires int64 // Unix nanoseconds; removedEntry once a sweep has taken the entry out
 	count   int64
 }
 
-// counterTable is an open-addressing hash table with linear probing, from counterKey to counter.
-// Against a Go map keyed by the key text, a lookup compares no key text (a cache miss of its
-// own) and the table holds 24 bytes per slot.
+// removedEntry marks an entry that a sweep took out of its table: whoever still holds it must
+// look the key up again.
+const removedEntry = math.MinInt64
+
+// add counts one request in window at now and returns the count, or false if the entry has been
+// removed from its table.
+func (e *counterEntry) add(window, ttl, now int64) (int64, bool) {
+	e.mu.Lock()
+	if e.expires == removedEntry {
+		e.mu.Unlock()
+		return 0, false
+	}
+	if e.window != window || e.expires <= now {
+		e.window, e.count = window, 0
+	}
+	e.count++
+	e.expires = now + ttl
+	n := e.count
+	e.mu.Unlock()
+	return n, true
+}
+
+// countIn returns the count in window at now, or false if there is none.
+func (e *counterEntry) countIn(window, now int64) (int64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.expires == removedEntry || e.window != window || e.expires <= now {
+		return 0, false
+	}
+	return e.count, true
+}
+
+// counterSlot is one slot of a counterTable. Readers load its fields without a lock, so both are
+// atomic; the entry's own key is what decides a match, since the two fields may be read across a
+// concurrent change.
+type counterSlot struct {
+	hi atomic.Uint64 // e.key.hi: spares a probe past another key the read of that entry
+	e  atomic.Pointer[counterEntry]
+}
+
+// counterTable is an open-addressing hash table with linear probing, from counterKey to
+// *counterEntry. Lookups take no lock ([counterTable.load]); inserting, resizing and sweeping
+// happen under the shard's lock. A lookup that runs into a concurrent change may miss a present
+// key, never find a wrong one: the caller then looks again under the lock.
 //
-// It stays between 3/8 and 3/4 full while it grows, so a counter costs 32 to 64 bytes of table
-// and its 24-byte entry. Deletion shifts entries back (no tombstones), and a table that sweeping
-// has left less than 1/8 full is rebuilt half full, so that memory is given back.
+// The table stays between 3/8 and 3/4 full while it grows, so a counter costs 21 to 43 bytes of
+// table and its 48-byte entry. Deletion shifts entries back (no tombstones), and a table that
+// sweeping has left less than 1/8 full is rebuilt half full, so that memory is given back.
 type counterTable struct {
-	slots []counterSlot // a power of two long, or nil; at least one slot is always empty
-	used  int
+	slots atomic.Pointer[[]counterSlot] // a power of two long, or nil; never full
+	used  int                           // entries in slots; guarded by the shard's lock
 }
 
 const (
@@ -60,88 +99,144 @@ const (
 	minLoadDen = 8
 )
 
-// home returns the slot where k's probe sequence starts.
-func (t *counterTable) home(k counterKey) int { return int(k.hi) & (len(t.slots) - 1) }
-
-// find returns the slot that holds k, or the empty slot where k belongs. The table must not be
-// nil.
-func (t *counterTable) find(k counterKey) *counterSlot {
-	mask := len(t.slots) - 1
-	for i := t.home(k); ; i = (i + 1) & mask {
-		s := &t.slots[i]
-		if s.key == k || s.e == nil {
-			return s
-		}
-	}
-}
-
-// lookup returns k's counter, or nil.
-func (t *counterTable) lookup(k counterKey) *counterEntry {
-	if t.slots == nil {
+// load returns k's entry, or nil. It takes no lock, and may return nil for a present key while a
+// writer changes the table.
+func (t *counterTable) load(k counterKey) *counterEntry {
+	p := t.slots.Load()
+	if p == nil {
 		return nil
 	}
-	return t.find(k).e
-}
-
-// insert returns k's counter, adding a zero counter for k if there is none.
-func (t *counterTable) insert(k counterKey) *counterEntry {
-	if (t.used+1)*maxLoadDen > len(t.slots)*maxLoadNum {
-		t.resize(max(minCounterSlots, 2*len(t.slots)))
-	}
-	s := t.find(k)
-	if s.e == nil {
-		*s = counterSlot{key: k, e: new(counterEntry)}
-		t.used++
-	}
-	return s.e
-}
-
-// resize moves every counter into a new table of n slots (a power of two).
-func (t *counterTable) resize(n int) {
-	old := t.slots
-	t.slots = make([]counterSlot, n)
-	for i := range old {
-		if old[i].e != nil {
-			*t.find(old[i].key) = old[i]
+	slots := *p
+	mask := len(slots) - 1
+	// A table is never full, but a concurrent writer moves entries and empty slots: bound the
+	// walk.
+	for n, i := 0, int(k.hi)&mask; n < len(slots); n, i = n+1, (i+1)&mask {
+		e := slots[i].e.Load()
+		if e == nil {
+			return nil
+		}
+		if slots[i].hi.Load() == k.hi && e.key == k {
+			return e
 		}
 	}
+	return nil
+}
+
+// find returns the index of k's slot, or of the empty slot where k belongs, in slots. The
+// caller holds the shard's lock.
+func find(slots []counterSlot, k counterKey) int {
+	mask := len(slots) - 1
+	for i := int(k.hi) & mask; ; i = (i + 1) & mask {
+		if e := slots[i].e.Load(); e == nil || e.key == k {
+			return i
+		}
+	}
+}
+
+// lookup is load for a caller that holds the shard's lock: it never misses.
+func (t *counterTable) lookup(k counterKey) *counterEntry {
+	p := t.slots.Load()
+	if p == nil {
+		return nil
+	}
+	return (*p)[find(*p, k)].e.Load()
+}
+
+// insert returns k's entry, adding a zero counter for k if there is none. The caller holds the
+// shard's lock.
+func (t *counterTable) insert(k counterKey) *counterEntry {
+	var slots []counterSlot
+	if p := t.slots.Load(); p != nil {
+		slots = *p
+	}
+	if (t.used+1)*maxLoadDen > len(slots)*maxLoadNum {
+		slots = t.resize(max(minCounterSlots, 2*len(slots)))
+	}
+	s := &slots[find(slots, k)]
+	if e := s.e.Load(); e != nil {
+		return e
+	}
+	e := &counterEntry{key: k}
+	s.hi.Store(k.hi)
+	s.e.Store(e) // publishes the entry, key included
+	t.used++
+	return e
+}
+
+// resize moves every entry into a new table of n slots (a power of two) and publishes it.
+// Readers still walking the old table find the same entries there.
+func (t *counterTable) resize(n int) []counterSlot {
+	slots := make([]counterSlot, n)
+	if p := t.slots.Load(); p != nil {
+		for i := range *p {
+			if e := (*p)[i].e.Load(); e != nil {
+				s := &slots[find(slots, e.key)]
+				s.hi.Store(e.key.hi)
+				s.e.Store(e)
+			}
+		}
+	}
+	t.slots.Store(&slots)
+	return slots
 }
 
 // deleteAt empties slot i and shifts back the entries after it that would otherwise no longer be
 // found (Knuth's algorithm R for linear probing). An entry moves only to a lower slot of its
 // cluster, never past an empty slot.
-func (t *counterTable) deleteAt(i int) {
-	mask := len(t.slots) - 1
-	for j := (i + 1) & mask; t.slots[j].e != nil; j = (j + 1) & mask {
+func deleteAt(slots []counterSlot, i int) {
+	mask := len(slots) - 1
+	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+		e := slots[j].e.Load()
+		if e == nil {
+			break
+		}
 		// The entry at j may fill the hole at i unless its home lies cyclically in (i, j].
-		home := t.home(t.slots[j].key)
+		home := int(e.key.hi) & mask
 		if (i < j && (home <= i || home > j)) || (j < i && home <= i && home > j) {
-			t.slots[i] = t.slots[j]
+			slots[i].hi.Store(e.key.hi)
+			slots[i].e.Store(e)
 			i = j
 		}
 	}
-	t.slots[i] = counterSlot{}
-	t.used--
+	slots[i].e.Store(nil)
+	slots[i].hi.Store(0)
 }
 
-// sweep deletes the counters that have expired at now and, when the table is left mostly empty,
-// rebuilds it smaller.
+// sweep removes the entries that have expired at now and, when the table is left mostly empty,
+// rebuilds it smaller. The caller holds the shard's lock.
 func (t *counterTable) sweep(now int64) {
-	if t.used == 0 {
-		t.slots = nil
+	p := t.slots.Load()
+	if p == nil {
 		return
 	}
-	for i := range t.slots {
+	slots := *p
+	for i := range slots {
 		// deleteAt may shift a later entry into slot i: look at the slot again. Entries move
 		// only into the slot being looked at or into later ones, so none is passed over.
-		for t.slots[i].e != nil && t.slots[i].e.expires <= now {
-			t.deleteAt(i)
+		for {
+			e := slots[i].e.Load()
+			if e == nil || !e.removeIfExpired(now) {
+				break
+			}
+			deleteAt(slots, i)
+			t.used--
 		}
 	}
 	switch {
 	case t.used == 0:
-		t.slots = nil
-	case len(t.slots) > minCounterSlots && t.used*minLoadDen < len(t.slots):
+		t.slots.Store(nil)
+	case len(slots) > minCounterSlots && t.used*minLoadDen < len(slots):
 		t.resize(max(minCounterSlots, 1<<bits.Len(uint(2*t.used-1))))
 	}
+}
+
+// removeIfExpired marks e removed if it has expired at now, and reports whether it did.
+func (e *counterEntry) removeIfExpired(now int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.expires > now {
+		return false
+	}
+	e.expires = removedEntry
+	return true
 }

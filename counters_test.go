@@ -1,37 +1,55 @@
 package ratelimit
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// checkTable requires t to hold exactly the counters of model, each findable, and every slot's
-// entry reachable from its home slot without crossing an empty slot.
+// slotsOf returns t's slots, nil when it has none.
+func slotsOf(t *counterTable) []counterSlot {
+	if p := t.slots.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// checkTable requires t to hold exactly the counters of model, each found with and without the
+// lock, and every slot's entry reachable from its home slot without crossing an empty slot.
 func checkTable(tb testing.TB, t *counterTable, model map[counterKey]*counterEntry) {
 	tb.Helper()
 	require.Equal(tb, len(model), t.used, "used")
 	for k, e := range model {
 		require.Same(tb, e, t.lookup(k), "lookup of %v", k)
+		require.Same(tb, e, t.load(k), "load of %v", k)
 	}
-	if t.slots == nil {
+	slots := slotsOf(t)
+	if slots == nil {
 		require.Zero(tb, t.used)
 		return
 	}
 	n := 0
-	mask := len(t.slots) - 1
-	for i, s := range t.slots {
-		if s.e == nil {
+	mask := len(slots) - 1
+	for i := range slots {
+		e := slots[i].e.Load()
+		if e == nil {
+			require.Zero(tb, slots[i].hi.Load(), "slot %d: empty slots hold no hash", i)
 			continue
 		}
 		n++
-		for j := t.home(s.key); j != i; j = (j + 1) & mask {
-			require.NotNil(tb, t.slots[j].e, "slot %d (home %d) is cut off by the empty slot %d", i, t.home(s.key), j)
+		require.Equal(tb, e.key.hi, slots[i].hi.Load(), "slot %d", i)
+		home := int(e.key.hi) & mask
+		for j := home; j != i; j = (j + 1) & mask {
+			require.NotNil(tb, slots[j].e.Load(), "slot %d (home %d) is cut off by the empty slot %d", i, home, j)
 		}
 	}
 	require.Equal(tb, t.used, n, "occupied slots")
-	require.Less(tb, t.used*maxLoadDen, len(t.slots)*maxLoadNum+1, "load")
+	require.Less(tb, t.used*maxLoadDen, len(slots)*maxLoadNum+1, "load")
 }
 
 // TestCounterTableMatchesMap runs random inserts, lookups and sweeps against a Go map. Keys share
@@ -55,7 +73,8 @@ func TestCounterTableMatchesMap(t *testing.T) {
 				if old, ok := model[k]; ok {
 					require.Same(t, old, e, "step %d: insert of a present key returns its counter", step)
 				} else {
-					require.Zero(t, *e, "step %d: a new counter starts at zero", step)
+					require.Equal(t, k, e.key, "step %d", step)
+					require.Zero(t, e.count, "step %d: a new counter starts at zero", step)
 					model[k] = e
 				}
 				e.expires = now + rng.Int64N(50)
@@ -67,6 +86,7 @@ func TestCounterTableMatchesMap(t *testing.T) {
 				table.sweep(now)
 				for k, e := range model {
 					if e.expires <= now {
+						require.EqualValues(t, removedEntry, e.expires, "step %d: a swept entry is marked removed", step)
 						delete(model, k)
 					}
 				}
@@ -90,7 +110,7 @@ func TestCounterTableGivesMemoryBack(t *testing.T) {
 		}
 		model[k] = e
 	}
-	require.Equal(t, 16384, len(table.slots), "10,000 counters at most 3/4 full")
+	require.Len(t, slotsOf(&table), 16384, "10,000 counters at most 3/4 full")
 
 	table.sweep(100)
 	for k, e := range model {
@@ -99,10 +119,10 @@ func TestCounterTableGivesMemoryBack(t *testing.T) {
 		}
 	}
 	checkTable(t, &table, model)
-	require.Equal(t, 256, len(table.slots), "100 counters left: rebuilt half full")
+	require.Len(t, slotsOf(&table), 256, "100 counters left: rebuilt half full")
 
 	table.sweep(200)
-	require.Nil(t, table.slots)
+	require.Nil(t, slotsOf(&table))
 	require.Zero(t, table.used)
 	require.Nil(t, table.lookup(counterKey{hi: 1, lo: 1}))
 }
@@ -118,4 +138,81 @@ func TestCounterKeysDiffer(t *testing.T) {
 	var zero MemoryKV
 	first := counterKeyOfString(zero.seedsOf(), "k")
 	require.Equal(t, first, counterKeyOfString(zero.seedsOf(), "k"), "the zero value chooses its seeds once")
+}
+
+// TestMemoryKVCountsExactlyWhileTablesChange: known keys are counted without the shard's lock
+// while other goroutines add keys (so tables grow) and let them expire (so sweeps delete entries
+// and shrink tables). Every increment of a long-lived key must get its own count, 1 to n.
+func TestMemoryKVCountsExactlyWhileTablesChange(t *testing.T) {
+	clock := newFakeClock(windowStart)
+	m := NewMemoryKV(WithClock(clock.Now))
+	ctx := t.Context()
+	const (
+		workers  = 8
+		perWork  = 3000
+		hotKeys  = 16
+		longTTL  = 1000 * time.Hour
+		shortTTL = time.Second
+	)
+	seen := make([][hotKeys][]int64, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			for i := range perWork {
+				k := rng.IntN(hotKeys)
+				n, err := m.Increment(ctx, fmt.Sprint("hot-", k), windowStart, longTTL)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				seen[w][k] = append(seen[w][k], n)
+				// Churn: a new short-lived key, and now and then time passes, so that the
+				// next new key sweeps its shard.
+				_, _ = m.Increment(ctx, fmt.Sprint("churn-", w, "-", i), windowStart, shortTTL)
+				if i%100 == 99 {
+					clock.Advance(time.Second)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for k := range hotKeys {
+		var counts []int64
+		for w := range workers {
+			counts = append(counts, seen[w][k]...)
+		}
+		slices.Sort(counts)
+		for i, n := range counts {
+			require.EqualValues(t, i+1, n, "key %d: the counts handed out must be 1 to %d, each once", k, len(counts))
+		}
+	}
+	require.Less(t, m.Len(), workers*perWork/2, "expired churn keys were swept")
+}
+
+// TestRemovedEntryIsNotCounted: an entry a sweep has taken out of its table refuses counts, so a
+// request that found it just before is counted again through the table, in a live entry.
+func TestRemovedEntryIsNotCounted(t *testing.T) {
+	m := NewMemoryKV()
+	k := counterKeyOfString(m.seedsOf(), "k")
+	const ttl = int64(time.Minute)
+	require.EqualValues(t, 1, m.incrementAt(k, 0, time.Minute, 0))
+	s := &m.shards[shardOf(k)]
+	stale := s.counters.load(k)
+	require.NotNil(t, stale)
+
+	s.mu.Lock()
+	s.sweep(ttl) // expired at ttl: removed
+	s.mu.Unlock()
+	require.Nil(t, s.counters.load(k))
+	_, ok := stale.add(0, ttl, ttl)
+	require.False(t, ok, "a removed entry refuses counts")
+	_, ok = stale.countIn(0, ttl)
+	require.False(t, ok)
+
+	require.EqualValues(t, 1, m.incrementAt(k, 0, time.Minute, ttl), "counted afresh in a new entry")
+	require.EqualValues(t, 2, m.incrementAt(k, 0, time.Minute, ttl))
+	require.NotSame(t, stale, s.counters.load(k))
 }

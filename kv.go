@@ -184,35 +184,35 @@ func (m *MemoryKV) Increment(_ context.Context, key string, window time.Time, tt
 // incrementAt is Increment of the counter k at the time now, in Unix nanoseconds of m's clock.
 // The limiter calls it with a key hashed from a byte slice on its stack, and with the time it
 // has already read when m's clock is the system clock.
+//
+// A known key is counted under its entry's lock alone; the shard's lock is taken to add a key,
+// or when the lock-free lookup ran into a concurrent change of the table.
 func (m *MemoryKV) incrementAt(k counterKey, window int64, ttl time.Duration, now int64) int64 {
 	s := &m.shards[shardOf(k)]
+	if e := s.counters.load(k); e != nil {
+		if n, ok := e.add(window, int64(ttl), now); ok {
+			return n
+		}
+	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	e := s.counters.lookup(k)
 	if e == nil {
 		s.sweep(now) // before inserting: a sweep may rebuild the table
 		e = s.counters.insert(k)
 	}
-	if e.window != window || e.expires <= now {
-		e.window, e.count = window, 0
-	}
-	e.count++
-	e.expires = now + int64(ttl)
-	count := e.count
-	s.mu.Unlock()
-	return count
+	n, _ := e.add(window, int64(ttl), now) // only a sweep removes entries, under the lock held here
+	return n
 }
 
 // peek returns the count of k in window without changing it; ok is false when there is none.
+// Like a lookup without the shard's lock, it may miss a count while the table changes.
 func (m *MemoryKV) peek(k counterKey, window int64) (count int64, ok bool) {
-	now := m.clock()
-	s := &m.shards[shardOf(k)]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.counters.lookup(k)
-	if e == nil || e.window != window || e.expires <= now {
+	e := m.shards[shardOf(k)].counters.load(k)
+	if e == nil {
 		return 0, false
 	}
-	return e.count, true
+	return e.countIn(window, m.clock())
 }
 
 // Len reports how many entries the store holds, counters and values together. Expired entries
