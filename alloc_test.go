@@ -2,9 +2,11 @@ package ratelimit
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"reflect"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 	"unsafe"
@@ -203,13 +205,19 @@ func TestResetMatchesTimeSub(t *testing.T) {
 }
 
 // TestHeaderValuesOutliveLaterResponses: header values are cut from blocks shared by many
-// responses; no later response, in this block or the next, overwrites an earlier one's values.
-// Two layers also exercise the values added to another layer's.
+// responses; no later response, in this block or the next, overwrites an earlier one's values,
+// even when every handler appends to each of its headers, which must then change nothing else in
+// its own response either. Two layers also exercise the values added to another layer's.
 func TestHeaderValuesOutliveLaterResponses(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	clock := func() time.Time { return now }
 	const max = 1 << 30
-	var h http.Handler = benchOK
+	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		names := slices.Sorted(maps.Keys(w.Header()))
+		for _, name := range names {
+			w.Header()[name] = append(w.Header()[name], "appended")
+		}
+	})
 	for _, scope := range []string{"inner", "outer"} {
 		l, err := New(Options{Scope: scope, Max: max, Window: time.Hour, Store: NewMemoryKV(WithClock(clock)), Now: clock, Headers: HeadersBoth})
 		if err != nil {
@@ -224,15 +232,16 @@ func TestHeaderValuesOutliveLaterResponses(t *testing.T) {
 		responses[i] = newBenchWriter()
 		h.ServeHTTP(responses[i], r)
 	}
+	secondsLeft := fmt.Sprint(3600 - now.Unix()%3600)
 	reset := fmt.Sprint(now.Truncate(time.Hour).Add(time.Hour).Unix())
 	for i, w := range responses {
 		left := fmt.Sprint(max - 1 - i)
 		want := http.Header{
-			"Ratelimit-Policy":      {`"outer";q=1073741824;w=3600`, `"inner";q=1073741824;w=3600`},
-			"Ratelimit":             {`"outer";r=` + left + `;t=` + fmt.Sprint(3600-now.Unix()%3600), `"inner";r=` + left + `;t=` + fmt.Sprint(3600-now.Unix()%3600)},
-			"X-Ratelimit-Limit":     {"1073741824"},
-			"X-Ratelimit-Remaining": {left},
-			"X-Ratelimit-Reset":     {reset},
+			"Ratelimit-Policy":      {`"outer";q=1073741824;w=3600`, `"inner";q=1073741824;w=3600`, "appended"},
+			"Ratelimit":             {`"outer";r=` + left + `;t=` + secondsLeft, `"inner";r=` + left + `;t=` + secondsLeft, "appended"},
+			"X-Ratelimit-Limit":     {"1073741824", "appended"},
+			"X-Ratelimit-Remaining": {left, "appended"},
+			"X-Ratelimit-Reset":     {reset, "appended"},
 		}
 		if !reflect.DeepEqual(want, w.h) {
 			t.Fatalf("response %d:\n got %q\nwant %q", i, w.h, want)

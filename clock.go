@@ -16,7 +16,9 @@ const reanchorEvery = time.Second
 //
 // The two agree while the system clock runs, since NTP slews the monotonic clock at the rate of
 // the wall clock. Only a step of the wall clock (settimeofday, a virtual machine resumed from a
-// snapshot) separates them, and then for at most reanchorEvery.
+// snapshot) or a suspension of the machine, which the monotonic clock does not count, separates
+// them, and then for at most reanchorEvery of monotonic time. Each layer has its own anchor, so
+// two layers may disagree for that second; nothing else notices.
 type systemClock struct {
 	anchor atomic.Pointer[clockAnchor]
 }
@@ -28,14 +30,17 @@ type clockAnchor struct {
 
 // unixNano returns the time in Unix nanoseconds.
 func (c *systemClock) unixNano() int64 {
-	if a := c.anchor.Load(); a != nil {
+	a := c.anchor.Load()
+	if a != nil {
 		// time.Since of a time.Now reading reads only the monotonic clock.
 		if d := time.Since(a.at); 0 <= d && d < reanchorEvery {
 			return a.unixNano + int64(d)
 		}
 	}
 	t := time.Now()
-	c.anchor.Store(&clockAnchor{at: t, unixNano: t.UnixNano()})
+	// Of the callers that found the anchor old at once, one replaces it; none puts an older
+	// reading back.
+	c.anchor.CompareAndSwap(a, &clockAnchor{at: t, unixNano: t.UnixNano()})
 	return t.UnixNano()
 }
 

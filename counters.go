@@ -39,8 +39,20 @@ type counterEntry struct {
 }
 
 // removedEntry marks an entry that a sweep took out of its table: whoever still holds it must
-// look the key up again.
+// look the key up again. No expiry computed by expiry equals it.
 const removedEntry = math.MinInt64
+
+// expiry returns now + ttl in Unix nanoseconds, saturated: a TTL too long to add ("forever")
+// expires at the end of time, not in the past.
+func expiry(now, ttl int64) int64 {
+	if e := now + ttl; (ttl > 0) == (e > now) {
+		return e
+	}
+	if ttl > 0 {
+		return math.MaxInt64
+	}
+	return math.MinInt64 + 1
+}
 
 // add counts one request in window at now and returns the count, or false if the entry has been
 // removed from its table.
@@ -54,7 +66,7 @@ func (e *counterEntry) add(window, ttl, now int64) (int64, bool) {
 		e.window, e.count = window, 0
 	}
 	e.count++
-	e.expires = now + ttl
+	e.expires = expiry(now, ttl)
 	n := e.count
 	e.mu.Unlock()
 	return n, true
@@ -211,8 +223,10 @@ func (t *counterTable) sweep(now int64) {
 	}
 	slots := *p
 	for i := range slots {
-		// deleteAt may shift a later entry into slot i: look at the slot again. Entries move
-		// only into the slot being looked at or into later ones, so none is passed over.
+		// deleteAt may shift a later entry into slot i: look at the slot again. An entry moves
+		// only into the slot being looked at, into a later one, or (when a cluster wraps past the
+		// end) from slot 0 onward into a slot before it, among entries already looked at: none
+		// is passed over.
 		for {
 			e := slots[i].e.Load()
 			if e == nil || !e.removeIfExpired(now) {

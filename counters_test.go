@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -215,4 +216,43 @@ func TestRemovedEntryIsNotCounted(t *testing.T) {
 	require.EqualValues(t, 1, m.incrementAt(k, 0, time.Minute, ttl), "counted afresh in a new entry")
 	require.EqualValues(t, 2, m.incrementAt(k, 0, time.Minute, ttl))
 	require.NotSame(t, stale, s.counters.load(k))
+}
+
+func TestExpirySaturates(t *testing.T) {
+	for _, tc := range []struct{ now, ttl, want int64 }{
+		{100, 50, 150},
+		{100, 0, 100},
+		{100, -50, 50},
+		{math.MaxInt64 - 10, 10, math.MaxInt64},
+		{math.MaxInt64 - 10, 11, math.MaxInt64},
+		{1, math.MaxInt64, math.MaxInt64},
+		{math.MinInt64 + 10, -11, math.MinInt64 + 1},
+	} {
+		got := expiry(tc.now, tc.ttl)
+		require.Equal(t, tc.want, got, "expiry(%d, %d)", tc.now, tc.ttl)
+		require.NotEqual(t, int64(removedEntry), got)
+	}
+}
+
+// TestMemoryKVTTLForever: a TTL too long to add to the time ("forever") keeps the entry, and
+// never makes a live counter look removed.
+func TestMemoryKVTTLForever(t *testing.T) {
+	ctx := t.Context()
+	now := time.Unix(1_700_000_000, 0)
+	m := NewMemoryKV(WithClock(func() time.Time { return now }))
+	for _, ttl := range []time.Duration{
+		math.MaxInt64,
+		time.Duration(math.MaxInt64 - now.UnixNano() + 1), // now + ttl wraps to exactly math.MinInt64
+	} {
+		key := fmt.Sprint("k", ttl)
+		for want := int64(1); want <= 3; want++ {
+			n, err := m.Increment(ctx, key, now, ttl)
+			require.NoError(t, err)
+			require.Equal(t, want, n, "ttl %d", ttl)
+		}
+		require.NoError(t, m.Put(ctx, key, []byte("v"), ttl))
+		_, ok, err := m.Get(ctx, key)
+		require.NoError(t, err)
+		require.True(t, ok, "ttl %d", ttl)
+	}
 }

@@ -171,7 +171,7 @@ func (m *MemoryKV) Put(_ context.Context, key string, value []byte, ttl time.Dur
 	if s.values == nil {
 		s.values = make(map[string]valueEntry)
 	}
-	s.values[key] = valueEntry{value: bytes.Clone(value), expires: now + int64(ttl)}
+	s.values[key] = valueEntry{value: bytes.Clone(value), expires: expiry(now, int64(ttl))}
 	s.valuesPeak = max(s.valuesPeak, len(s.values))
 	return nil
 }
@@ -201,7 +201,8 @@ func (m *MemoryKV) incrementAt(k counterKey, window int64, ttl time.Duration, no
 		s.sweep(now) // before inserting: a sweep may rebuild the table
 		e = s.counters.insert(k)
 	}
-	n, _ := e.add(window, int64(ttl), now) // only a sweep removes entries, under the lock held here
+	// Only a sweep removes entries, under the lock held here: e is in the table and counts.
+	n, _ := e.add(window, int64(ttl), now)
 	return n
 }
 
