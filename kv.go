@@ -101,8 +101,8 @@ var (
 )
 
 const (
-	// memoryShards spreads keys over independent locks, so that parallel requests for different
-	// clients rarely wait for each other.
+	// memoryShards spreads keys over independent locks. Counting a known key takes no shard
+	// lock; adding a key, sweeping and the KV values do, and rarely wait for each other.
 	memoryShardBits = 6
 	memoryShards    = 1 << memoryShardBits
 	// sweepEvery is how often, at most, a shard walks its entries to drop expired ones. The walk
@@ -139,9 +139,9 @@ func (m *MemoryKV) clock() int64 {
 // shardOf picks a counter's shard by the top bits of its hash; the table slot uses the bottom ones.
 func shardOf(k counterKey) int { return int(k.hi >> (64 - memoryShardBits)) }
 
-// valueShard picks the shard of a KV value.
+// valueShard picks the shard of a KV value, as shardOf does for a counter of the same key.
 func (m *MemoryKV) valueShard(key string) *memoryShard {
-	return &m.shards[shardOf(counterKeyOfString(m.seedsOf(), key))]
+	return &m.shards[shardOf(counterKey{hi: maphash.String(m.seedsOf()[0], key)})]
 }
 
 // Get implements [KV]. It returns a copy of the stored value.
