@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 )
@@ -77,8 +78,6 @@ func writePlain(w http.ResponseWriter, rh *responseHeaders, status int, body []b
 type headerArena struct {
 	vals []string // the unused rest of a block of values
 	text []byte   // a block of text: handed out up to len, unused from len to cap
-	// the unused rest of a block of cache entries, published to other goroutines once filled in
-	entries []rateLimitText
 	// Each request writes its arena: keep two arenas, used on two processors, off one cache line.
 	_ [cacheLine]byte
 }
@@ -89,23 +88,12 @@ const cacheLine = 64
 // Sizes of an arena's blocks. A block is kept alive by any header value cut from it, so they are
 // small: a handler that keeps one value keeps at most one block.
 const (
-	arenaValues  = 128
-	arenaText    = 4096
-	arenaEntries = 64
+	arenaValues = 128
+	arenaText   = 4096
 	// maxValueText bounds the text of one header value the arena builds: the longest is a
 	// RateLimit value, `"` + scope (64) + `";r=` + remaining (20) + `;t=` + seconds (20).
 	maxValueText = 1 + 64 + 4 + 20 + 3 + 20
 )
-
-// textEntry returns a zero rateLimitText of its own.
-func (a *headerArena) textEntry() *rateLimitText {
-	if len(a.entries) == 0 {
-		a.entries = make([]rateLimitText, arenaEntries)
-	}
-	e := &a.entries[0]
-	a.entries = a.entries[1:]
-	return e
-}
 
 // values returns an empty slice with room for exactly n values.
 func (a *headerArena) values(n int) []string {
@@ -237,9 +225,8 @@ func (l *Limiter) rateLimitValue(a *headerArena, remaining int, resetSec int64) 
 	// Any collision of this tag only caches a value early.
 	tag := int64(remaining)<<32 ^ resetSec
 	if l.rateLimitMisses[slot].Swap(tag) == tag {
-		e := a.textEntry()
-		*e = rateLimitText{remaining: remaining, resetSec: resetSec, value: value}
-		l.rateLimitTexts[slot].Store(e)
+		// A copy of its own, so that the cache does not keep the arena's blocks alive.
+		l.rateLimitTexts[slot].Store(&rateLimitText{remaining: remaining, resetSec: resetSec, value: strings.Clone(value)})
 	}
 	return value
 }
