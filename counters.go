@@ -97,7 +97,8 @@ type counterSlot struct {
 //
 // The table stays between 3/8 and 3/4 full while it grows, so a counter costs 21 to 43 bytes of
 // table and its 48-byte entry. Deletion shifts entries back (no tombstones), and a table that
-// sweeping has left less than 1/8 full is rebuilt at most half full, so that memory is given back.
+// sweeping has left less than 1/8 full is rebuilt at most half full, so that memory is given
+// back.
 type counterTable struct {
 	slots atomic.Pointer[[]counterSlot] // a power of two long, or nil; never full
 	used  int                           // entries in slots; guarded by the shard's lock
@@ -107,7 +108,7 @@ const (
 	minCounterSlots = 8
 	// A table grows when an insert would make it more than maxLoadNum/maxLoadDen full.
 	maxLoadNum, maxLoadDen = 3, 4
-	// A table shrinks to at most half full after a sweep that leaves it less than 1/minLoadDen full.
+	// A sweep that leaves a table less than 1/minLoadDen full rebuilds it at most half full.
 	minLoadDen = 8
 )
 
