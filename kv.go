@@ -229,33 +229,36 @@ func (m *MemoryKV) Len() int {
 	return n
 }
 
-// sweep drops expired entries, at most once per sweepEvery, and rebuilds a map that has shrunk
-// far below its peak so that its memory is given back. The caller holds s.mu.
+// sweep drops expired entries, at most once per sweepEvery, and gives back the memory of a
+// table or map that has shrunk far below its peak. The caller holds s.mu.
 func (s *memoryShard) sweep(now int64) {
 	if now < s.nextSweep {
 		return
 	}
 	s.nextSweep = now + sweepEvery
 	s.counters.sweep(now)
-	s.values, s.valuesPeak = sweepMap(s.values, s.valuesPeak, func(e valueEntry) bool { return e.expires <= now })
+	s.sweepValues(now)
 }
 
-func sweepMap[V any](m map[string]V, peak int, expired func(V) bool) (map[string]V, int) {
-	for k, v := range m {
-		if expired(v) {
-			delete(m, k)
+// sweepValues drops expired KV values and rebuilds the map once it holds far fewer than its
+// peak, because a Go map never returns the buckets of deleted entries.
+func (s *memoryShard) sweepValues(now int64) {
+	for k, v := range s.values {
+		if v.expires <= now {
+			delete(s.values, k)
 		}
 	}
-	if peak < shrinkMin || len(m) >= peak/shrinkBelow {
-		return m, peak
+	if s.valuesPeak < shrinkMin || len(s.values) >= s.valuesPeak/shrinkBelow {
+		return
 	}
-	if len(m) == 0 {
-		return nil, 0
+	if len(s.values) == 0 {
+		s.values, s.valuesPeak = nil, 0
+		return
 	}
 	// A fresh map sized to what is live: maps.Clone would keep the old capacity.
-	rebuilt := make(map[string]V, len(m))
-	for k, v := range m {
+	rebuilt := make(map[string]valueEntry, len(s.values))
+	for k, v := range s.values {
 		rebuilt[k] = v
 	}
-	return rebuilt, len(m)
+	s.values, s.valuesPeak = rebuilt, len(rebuilt)
 }
