@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -8,39 +10,126 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestSystemClockFollowsTimeNow: between two time.Now readings, the clock reads a time between
-// them. The tolerance allows for the moment between time.Now's two readings (wall and monotonic)
-// of the anchor, which a descheduled thread can stretch; the test runs long enough that a clock
-// that did not advance, or advanced twice as fast, would fall outside it.
+// TestSystemClockFollowsTimeNow: outside a synctest bubble the clock starts its timer and reads
+// the second of time.Now. A reading may lag a new second by the timer's latency; the tolerance
+// is generous for a loaded machine, and the timing itself is tested in a bubble below.
 func TestSystemClockFollowsTimeNow(t *testing.T) {
-	const tolerance = 5 * time.Millisecond
+	const tolerance = time.Second
 	var c systemClock
-	for start := time.Now(); time.Since(start) < 4*tolerance; {
+	for start := time.Now(); time.Since(start) < 20*time.Millisecond; {
 		before := time.Now()
-		got := time.Unix(0, c.unixNano())
+		got := c.unixSec()
 		after := time.Now()
-		require.False(t, got.Before(before.Add(-tolerance)), "clock %v, time.Now before it %v", got, before)
-		require.False(t, got.After(after.Add(tolerance)), "clock %v, time.Now after it %v", got, after)
+		require.LessOrEqual(t, before.Add(-tolerance).Unix(), got)
+		require.LessOrEqual(t, got, after.Unix())
 	}
-	require.WithinDuration(t, time.Now(), c.now(), time.Second)
+	c.mu.Lock()
+	started := c.timer != nil
+	c.mu.Unlock()
+	require.True(t, started, "outside a bubble the clock runs on its timer")
+	require.NotZero(t, c.sec.Load())
 }
 
-// TestSystemClockReanchors: the anchor lasts reanchorEvery, then time.Now is read again. In a
-// synctest bubble time.Now carries no monotonic reading, so the clock reads the bubble's time.
-func TestSystemClockReanchors(t *testing.T) {
+// TestSystemClockTicks drives the timer in a synctest bubble, where it fires exactly on time: the
+// clock reads whole seconds, moves at each new second, stops after a second without readings
+// and starts again at the next reading.
+func TestSystemClockTicks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var c systemClock
-		require.Equal(t, time.Now().UnixNano(), c.unixNano())
-		first := c.anchor.Load()
+		c := systemClock{canTick: func(time.Time) bool { return true }}
+		time.Sleep(300 * time.Millisecond) // mid-second
+		t0 := time.Now().Unix()
+		require.Equal(t, t0, c.unixSec())
+		require.Equal(t, t0, c.sec.Load(), "the first reading starts the clock")
 
-		time.Sleep(reanchorEvery / 2)
-		require.Equal(t, time.Now().UnixNano(), c.unixNano())
-		require.Same(t, first, c.anchor.Load(), "within reanchorEvery the anchor stays")
+		time.Sleep(600 * time.Millisecond) // t0+0.9
+		require.Equal(t, t0, c.unixSec())
+		time.Sleep(200 * time.Millisecond) // t0+1.1: the timer fired at t0+1
+		require.Equal(t, t0+1, c.unixSec())
+		require.Equal(t, time.Unix(t0+1, 0), c.now())
 
-		time.Sleep(reanchorEvery / 2)
-		require.Equal(t, time.Now().UnixNano(), c.unixNano())
-		second := c.anchor.Load()
-		require.NotSame(t, first, second, "after reanchorEvery the clock reads time.Now again")
-		require.Equal(t, time.Now().UnixNano(), second.unixNano)
+		// Read at t0+1.1, then idle: the tick at t0+2 advances (the second before was read), the
+		// tick at t0+3 stops the clock.
+		time.Sleep(time.Second)
+		require.Equal(t, t0+2, c.sec.Load())
+		time.Sleep(time.Second)
+		require.Zero(t, c.sec.Load(), "a second without readings stops the clock")
+
+		time.Sleep(1500 * time.Millisecond) // t0+4.6
+		require.Equal(t, t0+4, c.unixSec(), "the next reading reads time.Now")
+		require.Equal(t, t0+4, c.sec.Load(), "and starts the clock again")
+		time.Sleep(time.Second)
+		require.Equal(t, t0+5, c.unixSec())
+
+		time.Sleep(3 * time.Second) // let it stop, so that the bubble ends with no timer
+		require.Zero(t, c.sec.Load())
 	})
+}
+
+// TestSystemClockInBubble: inside a synctest bubble the default clock makes no timer (it would
+// belong to the bubble) and reads time.Now every time, so that a layer's windows follow the
+// bubble's fake time exactly.
+func TestSystemClockInBubble(t *testing.T) {
+	require.True(t, hasMonotonic(time.Now()))
+	synctest.Test(t, func(t *testing.T) {
+		require.False(t, hasMonotonic(time.Now()))
+		l := newLimiter(t, Options{Scope: "bubble", Max: 2, Window: time.Second, Store: NewMemoryKV()})
+		h := l.Handler(okHandler)
+		serve := func() int { return serve(h, newRequest("/", "192.0.2.1:1234")).Code }
+		time.Sleep(999 * time.Millisecond)
+		require.Equal(t, 200, serve())
+		require.Equal(t, 200, serve())
+		require.Equal(t, 429, serve())
+		time.Sleep(time.Millisecond) // the next window, to the nanosecond
+		require.Equal(t, 200, serve())
+		l.clock.mu.Lock()
+		defer l.clock.mu.Unlock()
+		require.Nil(t, l.clock.timer)
+		require.Zero(t, l.clock.sec.Load())
+	})
+}
+
+// TestSystemClockConcurrent races readings against ticks that stop and start the clock: under
+// -race this checks the synchronisation, and every goroutine's readings must never go back.
+// The clock's time is fake and a second passes per time.Now; its timer fires after a
+// millisecond.
+func TestSystemClockConcurrent(t *testing.T) {
+	var fake atomic.Int64
+	fake.Store(1_800_000_000)
+	c := systemClock{
+		timeNow:   func() time.Time { return time.Unix(fake.Add(1), 500_000_000) },
+		afterFunc: func(_ time.Duration, f func()) *time.Timer { return time.AfterFunc(time.Millisecond, f) },
+	}
+	var wg sync.WaitGroup
+	var backwards atomic.Int64
+	for g := range 4 {
+		wg.Go(func() {
+			last := int64(0)
+			for start := time.Now(); time.Since(start) < 50*time.Millisecond; {
+				got := c.unixSec()
+				if got < last {
+					backwards.Add(1)
+				}
+				last = got
+				if g == 0 {
+					time.Sleep(3 * time.Millisecond) // one reader leaves gaps, so the clock stops
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Zero(t, backwards.Load(), "readings that went back")
+	require.Greater(t, fake.Load(), int64(1_800_000_010), "the timer ran")
+}
+
+// TestDefaultClockWholeSeconds: with the default clock a Result's Reset is whole seconds, the most
+// that can be left in the window.
+func TestDefaultClockWholeSeconds(t *testing.T) {
+	l := newLimiter(t, Options{Scope: "whole", Max: 5, Window: time.Minute, Store: NewMemoryKV()})
+	before := time.Now()
+	res, err := l.Allow(newRequest("/", "192.0.2.1:1234"))
+	require.NoError(t, err)
+	require.Zero(t, res.Reset%time.Second)
+	exact := time.Unix(before.Unix()/60*60+60, 0).Sub(before)
+	require.GreaterOrEqual(t, res.Reset, exact-time.Second, "lags by at most the timer")
+	require.LessOrEqual(t, res.Reset, exact+time.Second)
 }

@@ -110,10 +110,13 @@ type Options struct {
 	// Logger receives the layer's few operator messages. Default: [slog.Default] at the time of
 	// each message, so a later [slog.SetDefault] is honoured.
 	Logger *slog.Logger
-	// Now reads the clock. Default: the system clock, as [time.Now] reads it, at half the cost
-	// per request: time.Now is read once a second and advanced by the monotonic clock in
-	// between. After the system clock is stepped (set by hand, or a virtual machine resumed), the
-	// layer follows within a second.
+	// Now reads the clock. Default: the system clock to the whole second, which a timer keeps
+	// current while the layer is in use, so that a request does not pay for a [time.Now]. The
+	// headers lose nothing by it (windows and the seconds they report are whole), but
+	// [Result.Reset] and [Result.RetryAfter] are whole seconds, the most that can be left, and a
+	// new second reaches the layer after the timer's latency (microseconds; milliseconds on a
+	// saturated machine). The timer stops after a second without requests. Inside a
+	// testing/synctest bubble the default reads time.Now on every request.
 	Now func() time.Time
 }
 
@@ -331,8 +334,7 @@ func (l *Limiter) AllowAt(r *http.Request, now time.Time) (Result, error) {
 // unixNow reads the layer's clock: Unix seconds, and nanoseconds within the second.
 func (l *Limiter) unixNow() (sec, nsec int64) {
 	if l.ownClock {
-		n := l.clock.unixNano()
-		return n / int64(time.Second), n % int64(time.Second)
+		return l.clock.unixSec(), 0
 	}
 	t := l.now()
 	return t.Unix(), int64(t.Nanosecond())
