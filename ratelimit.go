@@ -129,7 +129,8 @@ type Result struct {
 	Limit int
 	// Remaining is how many more requests the client may make in this window.
 	Remaining int
-	// Reset is the time left until the current window ends and the count starts again.
+	// Reset is the time left until the current window ends and the count starts again. With
+	// the default clock it is whole seconds (see [Options.Now]).
 	Reset time.Duration
 	// RetryAfter is how long a denied client should wait; zero when Allowed.
 	RetryAfter time.Duration
@@ -152,7 +153,7 @@ type Limiter struct {
 
 	passAll bool // disabled or without a store: the middleware is the next handler itself
 	mem     *MemoryKV
-	memNow  bool // the layer and mem both read the system clock, so Allow's one reading serves both
+	memNow  bool // the layer and mem both read the system clock, so the layer's reading serves mem
 	counter Counter
 	kv      KV
 	denied  *MemoryKV // clients over the limit, so a remote store is not asked again this window
