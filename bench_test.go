@@ -114,6 +114,30 @@ func BenchmarkHandlerDeny(b *testing.B) {
 
 func BenchmarkHandlerParallel(b *testing.B) { benchParallel(b, HeadersStandard) }
 
+// BenchmarkHandlerDenyFlood: one client over its limit floods the layer from every goroutine, as
+// an attacker from one address would from many connections.
+func BenchmarkHandlerDenyFlood(b *testing.B) {
+	h := benchHandler(b, 1, HeadersStandard)
+	addr := benchRequest(b, 1).RemoteAddr
+	w := newBenchWriter()
+	h.ServeHTTP(w, benchRequest(b, 1))
+	b.ReportAllocs()
+	runtime.GC()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		r := benchRequest(b, 0)
+		r.RemoteAddr = addr
+		w := newBenchWriter()
+		for pb.Next() {
+			w.reset()
+			h.ServeHTTP(w, r)
+			if w.status != http.StatusTooManyRequests {
+				panic("the flooding client was let through")
+			}
+		}
+	})
+}
+
 func BenchmarkHandlerParallelNoHeaders(b *testing.B) { benchParallel(b, HeadersNone) }
 
 // benchParallel: every goroutine cycles through 1,024 clients of its own.
