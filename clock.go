@@ -19,13 +19,16 @@ import (
 // earlier.
 //
 // The timer runs only while the layer is used: at a new second that found no reading in the
-// second before, it stops, and the next reading reads time.Now and starts it again. An idle
-// layer holds no timer and no goroutine; a stopped clock costs its next reading about a
-// microsecond.
+// second before, it stops, and the next reading reads time.Now and starts it again. A layer left
+// idle holds no timer and no goroutine after two seconds; a stopped clock costs its next reading
+// about a microsecond. The timer counts monotonic time, so after the machine is suspended, or the
+// system clock is stepped, the clock follows within a second.
 //
 // Inside a testing/synctest bubble the clock never starts its timer and reads time.Now every
 // time: a timer belongs to the bubble that made it, and a layer shared between bubbles (or with
 // code outside them) must not be left with a clock that only a finished bubble could advance.
+// The check is made when the clock starts: a layer whose timer runs, started outside a bubble,
+// gives code inside one the real second.
 type systemClock struct {
 	sec  atomic.Int64 // the current Unix second while the timer runs; 0 while it is stopped
 	used atomic.Bool  // read since the timer last fired
@@ -55,8 +58,7 @@ func (c *systemClock) now() time.Time { return time.Unix(c.unixSec(), 0) }
 
 // start reads the system clock, and starts the timer unless another reading already has.
 func (c *systemClock) start() int64 {
-	now := c.readTime()
-	if !c.ticks(now) {
+	if now := c.readTime(); !c.ticks(now) {
 		return now.Unix()
 	}
 	c.mu.Lock()
@@ -64,6 +66,10 @@ func (c *systemClock) start() int64 {
 	if s := c.sec.Load(); s != 0 {
 		return s // started by another reading meanwhile
 	}
+	// Read again under the lock: a reading taken before it may be older than the second that
+	// another start and a stopping tick left behind, and the clock must never go back.
+	now := c.readTime()
+	c.used.Store(true) // this reading is a use: the clock runs for the next second at least
 	c.advance(now)
 	return now.Unix()
 }
@@ -92,8 +98,8 @@ func (c *systemClock) advance(now time.Time) {
 		c.timer = after(untilNext, c.tick)
 		return
 	}
-	// Only tick and start arm the timer, both under c.mu; a tick that had already fired when
-	// start re-armed it finds the clock unused and stops it, and the next reading starts it.
+	// The timer is idle here: tick re-arms it from its own callback, and start only after a
+	// tick stopped the clock (under c.mu, so that tick has finished). One timer, one chain.
 	c.timer.Reset(untilNext)
 }
 

@@ -31,37 +31,85 @@ func TestSystemClockFollowsTimeNow(t *testing.T) {
 }
 
 // TestSystemClockTicks drives the timer in a synctest bubble, where it fires exactly on time: the
-// clock reads whole seconds, moves at each new second, stops after a second without readings
-// and starts again at the next reading.
+// clock reads whole seconds, moves at each new second, follows a step of the system clock,
+// stops after a second without readings and starts again at the next reading.
 func TestSystemClockTicks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := systemClock{canTick: func(time.Time) bool { return true }}
+		var step atomic.Int64 // added to time.Now: a step of the system clock
+		c := systemClock{
+			canTick: func(time.Time) bool { return true },
+			timeNow: func() time.Time { return time.Now().Add(time.Duration(step.Load())) },
+		}
 		time.Sleep(300 * time.Millisecond) // mid-second
 		t0 := time.Now().Unix()
 		require.Equal(t, t0, c.unixSec())
 		require.Equal(t, t0, c.sec.Load(), "the first reading starts the clock")
 
-		time.Sleep(600 * time.Millisecond) // t0+0.9
-		require.Equal(t, t0, c.unixSec())
-		time.Sleep(200 * time.Millisecond) // t0+1.1: the timer fired at t0+1
-		require.Equal(t, t0+1, c.unixSec())
+		sleepUntil(t0 + 1) // exactly the new second: the tick has run, no later
+		require.Equal(t, t0+1, c.sec.Load())
 		require.Equal(t, time.Unix(t0+1, 0), c.now())
 
-		// Read at t0+1.1, then idle: the tick at t0+2 advances (the second before was read), the
-		// tick at t0+3 stops the clock.
-		time.Sleep(time.Second)
+		// Read in second t0+1, then idle: the tick at t0+2 advances (the second before was
+		// read), the tick at t0+3 stops the clock.
+		sleepUntil(t0 + 2)
 		require.Equal(t, t0+2, c.sec.Load())
-		time.Sleep(time.Second)
+		sleepUntil(t0 + 3)
 		require.Zero(t, c.sec.Load(), "a second without readings stops the clock")
 
-		time.Sleep(1500 * time.Millisecond) // t0+4.6
+		time.Sleep(1500 * time.Millisecond) // t0+4.5
 		require.Equal(t, t0+4, c.unixSec(), "the next reading reads time.Now")
 		require.Equal(t, t0+4, c.sec.Load(), "and starts the clock again")
-		time.Sleep(time.Second)
+		sleepUntil(t0 + 5)
+		require.Equal(t, t0+5, c.sec.Load(), "the reading that started it counts as a use")
+
+		step.Store(int64(time.Hour)) // the system clock is set an hour ahead
 		require.Equal(t, t0+5, c.unixSec())
+		sleepUntil(t0 + 6)
+		require.Equal(t, t0+6+3600, c.unixSec(), "each tick reads the system clock")
 
 		time.Sleep(3 * time.Second) // let it stop, so that the bubble ends with no timer
 		require.Zero(t, c.sec.Load())
+	})
+}
+
+// sleepUntil sleeps until Unix second sec of the bubble's clock and lets the timers due then
+// run.
+func sleepUntil(sec int64) {
+	time.Sleep(time.Until(time.Unix(sec, 0)))
+	synctest.Wait()
+}
+
+// TestSystemClockNeverGoesBack: a reading that read the system clock and was then held up while
+// another reading started the clock and the clock stopped again must not set its old second.
+func TestSystemClockNeverGoesBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var stallNext atomic.Bool
+		release := make(chan struct{})
+		c := systemClock{
+			canTick: func(time.Time) bool { return true },
+			timeNow: func() time.Time {
+				now := time.Now()
+				if stallNext.Swap(false) {
+					<-release
+				}
+				return now
+			},
+		}
+		t0 := time.Now().Unix()
+		stallNext.Store(true)
+		late := make(chan int64)
+		go func() { late <- c.unixSec() }() // reads t0, then stalls
+		synctest.Wait()
+
+		time.Sleep(1500 * time.Millisecond)
+		require.Equal(t, t0+1, c.unixSec()) // starts the clock
+		time.Sleep(3 * time.Second)         // and it stops again
+		require.Zero(t, c.sec.Load())
+
+		close(release)
+		require.Equal(t, t0+4, <-late)
+		require.Equal(t, t0+4, c.sec.Load(), "the clock holds the current second, not the stalled reading's")
+		time.Sleep(3 * time.Second)
 	})
 }
 

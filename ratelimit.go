@@ -115,8 +115,10 @@ type Options struct {
 	// headers lose nothing by it (windows and the seconds they report are whole), but
 	// [Result.Reset] and [Result.RetryAfter] are whole seconds, the most that can be left, and a
 	// new second reaches the layer after the timer's latency (microseconds; milliseconds on a
-	// saturated machine). The timer stops after a second without requests. Inside a
-	// testing/synctest bubble the default reads time.Now on every request.
+	// saturated machine), and after a suspend or a step of the system clock within a second.
+	// The timer stops after a second without requests. Inside a testing/synctest bubble the
+	// default reads time.Now on every request; give such tests layers of their own, since a layer
+	// already running on the real clock keeps it.
 	Now func() time.Time
 }
 
