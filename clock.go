@@ -24,6 +24,10 @@ import (
 // about a microsecond. The timer counts monotonic time, so after the machine is suspended, or the
 // system clock is stepped, the clock follows within a second.
 //
+// Layers that count in one MemoryKV share the store's clock: they agree on the second, and a
+// counter that two layers of one scope share never moves back and forth between two windows
+// while one layer's timer has fired and the other's has not.
+//
 // Inside a testing/synctest bubble the clock never starts its timer and reads time.Now every
 // time: a timer belongs to the bubble that made it, and a layer shared between bubbles (or with
 // code outside them) must not be left with a clock that only a finished bubble could advance.

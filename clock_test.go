@@ -181,3 +181,26 @@ func TestDefaultClockWholeSeconds(t *testing.T) {
 	require.GreaterOrEqual(t, res.Reset, exact-time.Second, "lags by at most the timer")
 	require.LessOrEqual(t, res.Reset, exact+time.Second)
 }
+
+// TestLayersShareTheMemoryKVClock: layers counting in one MemoryKV read one clock, so that they
+// agree on the second (a counter shared by two layers of one scope is never moved back and forth
+// between windows at a new second) and share one timer. A layer on another store has its own.
+func TestLayersShareTheMemoryKVClock(t *testing.T) {
+	mem := NewMemoryKV()
+	auth := newLimiter(t, Options{Scope: "auth", Max: 5, Window: time.Minute, Store: mem})
+	global := newLimiter(t, Options{Scope: "global", Max: 5, Window: time.Minute, Store: mem})
+	require.Same(t, &mem.layerClock, auth.clock)
+	require.Same(t, &mem.layerClock, global.clock)
+
+	remote := newLimiter(t, Options{Scope: "remote", Max: 5, Window: time.Minute, Store: &counterStore{mem: NewMemoryKV()}})
+	require.Same(t, &remote.ownedClock, remote.clock)
+
+	// A MemoryKV on a test clock: the layer keeps the system clock of its own.
+	fixed := NewMemoryKV(WithClock(func() time.Time { return time.Unix(1_800_000_000, 0) }))
+	own := newLimiter(t, Options{Scope: "own", Max: 5, Window: time.Minute, Store: fixed})
+	require.Same(t, &own.ownedClock, own.clock)
+
+	_, err := auth.Allow(newRequest("/", "192.0.2.1:1234"))
+	require.NoError(t, err)
+	require.NotZero(t, mem.layerClock.sec.Load(), "the layer reads the store's clock")
+}

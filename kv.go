@@ -60,6 +60,8 @@ type MemoryKV struct {
 	seedMu sync.Mutex
 	seeds  [2]maphash.Seed // of counter keys; set on first use, so that the zero value works
 	shards [memoryShards]memoryShard
+	// The default clock of the layers that count here and read the system clock.
+	layerClock systemClock
 }
 
 // MemoryOption configures a [MemoryKV] built by [NewMemoryKV].

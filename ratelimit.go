@@ -182,7 +182,10 @@ type Limiter struct {
 	rateLimitMisses [rateLimitTextSlots]atomic.Int64
 	arenas          sync.Pool // of *headerArena
 
-	clock systemClock // the default clock
+	// The default clock: the MemoryKV's when the layer counts in one (so that all its layers
+	// agree on the second, and share one timer), else ownedClock.
+	clock      *systemClock
+	ownedClock systemClock
 
 	logger      *slog.Logger
 	lastLogged  atomic.Int64 // Unix nanoseconds of the last default OnError log line
@@ -253,7 +256,8 @@ func New(opts Options) (*Limiter, error) {
 		l.remoteAddrIP = true
 	}
 	if l.now == nil {
-		l.now = l.clock.now
+		l.clock = &l.ownedClock
+		l.now = func() time.Time { return l.clock.now() }
 		l.ownClock = true
 	}
 	l.arenas.New = func() any { return new(headerArena) }
@@ -284,6 +288,9 @@ func New(opts Options) (*Limiter, error) {
 		if mem, ok := opts.Store.(*MemoryKV); ok {
 			l.mem = mem
 			l.memNow = opts.Now == nil && mem.now == nil
+			if l.memNow {
+				l.clock = &mem.layerClock
+			}
 		} else {
 			l.counter, _ = opts.Store.(Counter)
 			l.denied = NewMemoryKV(WithClock(l.now))
