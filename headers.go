@@ -17,34 +17,50 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sec, nsec := l.unixNow()
-		res, err := l.allowAt(r, sec, nsec, l.memNow)
+		var rh responseHeaders
+		if l.allowValues > 0 {
+			rh.h = w.Header() // allowAt may start on the headers (startHeaders)
+		}
+		res, err := l.allowAt(r, sec, nsec, l.memNow, &rh)
 		if err != nil {
 			l.report(r, err)
 		}
-		switch {
-		case res.Allowed:
-			if res.Limit > 0 && l.allowValues > 0 {
-				a := l.arenas.Get().(*headerArena)
-				l.headersFor(a, w.Header(), res, sec, nsec, 0)
-				l.arenas.Put(a)
+		if res.Limit == 0 { // not counted; only a counted request starts the headers
+			if res.Allowed {
+				next.ServeHTTP(w, r)
+				return
 			}
-			next.ServeHTTP(w, r)
-		case res.Limit == 0:
 			a := l.arenas.Get().(*headerArena)
 			rh := responseHeaders{h: w.Header(), vals: a.values(plainValues)}
 			l.arenas.Put(a)
 			writePlain(w, &rh, http.StatusServiceUnavailable, unavailableBody)
-		default:
-			a := l.arenas.Get().(*headerArena)
-			rh := l.headersFor(a, w.Header(), res, sec, nsec, deniedValues)
-			rh.set("Retry-After", l.secondValues(ceilSeconds(res.RetryAfter)).retryAfter)
-			l.arenas.Put(a)
-			if l.deny != nil {
-				l.deny(w, r, res)
-				return
-			}
-			writePlain(w, &rh, http.StatusTooManyRequests, tooManyBody)
+			return
 		}
+		if l.allowValues > 0 {
+			if rh.arena == nil {
+				l.startHeaders(&rh)
+			}
+			l.finishHeaders(&rh, res, sec, nsec)
+		}
+		if res.Allowed {
+			if rh.arena != nil {
+				l.arenas.Put(rh.arena)
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
+		if rh.arena == nil {
+			h := w.Header()
+			rh = responseHeaders{h: h, arena: l.arenas.Get().(*headerArena), empty: len(h) == 0}
+		}
+		rh.vals = rh.arena.values(deniedValues)
+		rh.set("Retry-After", l.secondValues(ceilSeconds(res.RetryAfter)).retryAfter)
+		l.arenas.Put(rh.arena)
+		if l.deny != nil {
+			l.deny(w, r, res)
+			return
+		}
+		writePlain(w, &rh, http.StatusTooManyRequests, tooManyBody)
 	})
 }
 
@@ -156,31 +172,38 @@ func (rh *responseHeaders) add(name, value string) {
 	rh.set(name, value)
 }
 
-// headersFor writes the layer's rate-limit headers for res, decided at sec and nsec of Unix time,
-// and returns the response's headers with room for extra more values.
-func (l *Limiter) headersFor(a *headerArena, h http.Header, res Result, sec, nsec int64, extra int) responseHeaders {
-	rh := responseHeaders{h: h, vals: a.values(l.allowValues + extra), arena: a, empty: len(h) == 0}
-	if l.allowValues == 0 {
-		return rh
+// startHeaders takes an arena and sets the rate-limit headers of a counted request that do not
+// depend on its count: RateLimit-Policy. rh.h is the response's header map; rh gets room for the
+// values of an allowed response.
+func (l *Limiter) startHeaders(rh *responseHeaders) {
+	a := l.arenas.Get().(*headerArena)
+	*rh = responseHeaders{h: rh.h, vals: a.values(l.allowValues), arena: a, empty: len(rh.h) == 0}
+	if l.headers == HeadersStandard || l.headers == HeadersBoth {
+		rh.add("Ratelimit-Policy", l.policyValue)
 	}
+}
+
+// finishHeaders sets the rate-limit headers that depend on the count, decided at sec and nsec of
+// Unix time: RateLimit, and the legacy trio.
+func (l *Limiter) finishHeaders(rh *responseHeaders, res Result, sec, nsec int64) {
 	resetSec := ceilSeconds(res.Reset)
 	if l.headers == HeadersStandard || l.headers == HeadersBoth {
 		var rateLimit string
 		if res.Remaining == 0 {
 			rateLimit = l.secondValues(resetSec).exhausted
 		} else {
-			rateLimit = l.rateLimitValue(a, res.Remaining, resetSec)
+			rateLimit = l.rateLimitValue(rh.arena, res.Remaining, resetSec)
 		}
-		rh.add("Ratelimit-Policy", l.policyValue)
 		rh.add("Ratelimit", rateLimit)
 	}
 	if l.headers == HeadersLegacy || l.headers == HeadersBoth {
 		// The legacy trio holds one policy: keep the most restrictive layer's.
-		if old := h["X-Ratelimit-Remaining"]; len(old) > 0 {
+		if old := rh.h["X-Ratelimit-Remaining"]; len(old) > 0 {
 			if n, err := strconv.Atoi(old[0]); err == nil && n <= res.Remaining {
-				return rh
+				return
 			}
 		}
+		a := rh.arena
 		rh.set("X-Ratelimit-Limit", l.limitValue)
 		text := a.textBuffer()
 		start := len(text)
@@ -189,7 +212,6 @@ func (l *Limiter) headersFor(a *headerArena, h http.Header, res Result, sec, nse
 		start = len(text)
 		rh.set("X-Ratelimit-Reset", a.string(strconv.AppendInt(text, sec+(nsec+int64(res.Reset))/int64(time.Second), 10), start))
 	}
-	return rh
 }
 
 // appendRateLimit appends the value of the RateLimit header: "scope";r=remaining;t=resetSec.

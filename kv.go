@@ -190,12 +190,30 @@ func (m *MemoryKV) Increment(_ context.Context, key string, window time.Time, tt
 // A known key is counted under its entry's lock alone; the shard's lock is taken to add a key,
 // or when the lock-free lookup ran into a concurrent change of the table.
 func (m *MemoryKV) incrementAt(k counterKey, window int64, ttl time.Duration, now int64) int64 {
-	s := &m.shards[shardOf(k)]
-	if e := s.counters.load(k); e != nil {
-		if n, ok := e.add(window, int64(ttl), now); ok {
+	return m.incrementFound(m.findCounter(k), window, ttl, now)
+}
+
+// foundCounter is a counter looked up without a lock: its key, and its entry or nil.
+type foundCounter struct {
+	k counterKey
+	e *counterEntry
+}
+
+// findCounter looks up the counter k without a lock; incrementFound counts in it.
+func (m *MemoryKV) findCounter(k counterKey) foundCounter {
+	return foundCounter{k: k, e: m.shards[shardOf(k)].counters.load(k)}
+}
+
+// incrementFound is incrementAt of a counter that findCounter looked up. The entry may have been swept
+// since; then, as when find found none, the count goes through the shard's lock.
+func (m *MemoryKV) incrementFound(c foundCounter, window int64, ttl time.Duration, now int64) int64 {
+	k := c.k
+	if c.e != nil {
+		if n, ok := c.e.add(window, int64(ttl), now); ok {
 			return n
 		}
 	}
+	s := &m.shards[shardOf(k)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.counters.lookup(k)

@@ -328,7 +328,7 @@ func (l *Limiter) Scope() string { return l.scope }
 // Allow decides whether r may proceed. It is shorthand for AllowAt(r, now) with the layer's clock.
 func (l *Limiter) Allow(r *http.Request) (Result, error) {
 	sec, nsec := l.unixNow()
-	return l.allowAt(r, sec, nsec, l.memNow)
+	return l.allowAt(r, sec, nsec, l.memNow, nil)
 }
 
 // AllowAt decides whether r, arriving at now, may proceed, and counts it.
@@ -338,7 +338,7 @@ func (l *Limiter) Allow(r *http.Request) (Result, error) {
 // after a store failure it is uncounted and Allowed unless [Options.FailClosed] is set, and after
 // a corrupt value the request counts as the first of a fresh window.
 func (l *Limiter) AllowAt(r *http.Request, now time.Time) (Result, error) {
-	return l.allowAt(r, now.Unix(), int64(now.Nanosecond()), false)
+	return l.allowAt(r, now.Unix(), int64(now.Nanosecond()), false, nil)
 }
 
 // unixNow reads the layer's clock: Unix seconds, and nanoseconds within the second.
@@ -354,7 +354,12 @@ func (l *Limiter) unixNow() (sec, nsec int64) {
 // form that holds any time.Time without overflow. memNow tells that the time was read from the
 // system clock, which is also the MemoryKV's clock, so that the store need not read the clock
 // again (a clock reading costs about as much as the rest of the MemoryKV path).
-func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool) (Result, error) {
+//
+// When early holds a header map, a request counted in a MemoryKV starts on its headers
+// (startHeaders) between the lookup of its counter and the count: for a client not seen lately
+// the lookup misses the processor's caches, and the header work then runs while the counter is
+// fetched.
+func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *responseHeaders) (Result, error) {
 	if l.passAll || !l.countAll && !l.filter.match(r.URL) {
 		return Result{Allowed: true}, nil
 	}
@@ -376,12 +381,15 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool) (Result
 	// At most a window (365 days) of nanoseconds: no overflow, whatever the year.
 	reset := time.Duration((start+l.windowSec-sec)*int64(time.Second) - nsec)
 	if l.mem != nil {
-		k := counterKeyOfBytes(l.mem.seedsOf(), key)
+		c := l.mem.findCounter(counterKeyOfBytes(l.mem.seedsOf(), key))
+		if early != nil && early.h != nil {
+			l.startHeaders(early)
+		}
 		now := sec*int64(time.Second) + nsec
 		if !memNow {
 			now = l.mem.clock()
 		}
-		return l.result(l.mem.incrementAt(k, start*int64(time.Second), l.ttl, now), reset), nil
+		return l.result(l.mem.incrementFound(c, start*int64(time.Second), l.ttl, now), reset), nil
 	}
 	deniedKey := counterKeyOfBytes(l.denied.seedsOf(), key)
 	if _, denied := l.denied.peek(deniedKey, start); denied {

@@ -354,6 +354,16 @@ func TestPathFilters(t *testing.T) {
 				res, err := l.Allow(r)
 				require.NoError(t, err)
 				require.Equal(t, layer.want, res.Counted(), "layer %s", l.Scope())
+
+				// Through the middleware: a counted request carries the layer's headers, an
+				// uncounted one none (not even the policy, which a counted request gets before
+				// its count).
+				layer.opts.Headers = HeadersBoth
+				layer.opts.Store = NewMemoryKV()
+				rec := serve(newLimiter(t, layer.opts).Handler(okHandler), r)
+				for _, name := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit"} {
+					require.Equal(t, layer.want, rec.Header().Get(name) != "", "layer %s, header %s", l.Scope(), name)
+				}
 			}
 		})
 	}
