@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -24,15 +25,20 @@ func TestHandlerAllocs(t *testing.T) {
 		max     int
 		layers  int
 		status  int
+		// Each request opens a new window of one second: with Max 1 it is allowed with nothing
+		// remaining, the last request of its window.
+		newWindowEach bool
 	}{
-		{"allow/HeadersNone", HeadersNone, 1 << 30, 1, http.StatusOK},
-		{"allow/HeadersStandard", HeadersStandard, 1 << 30, 1, http.StatusOK},
-		{"allow/HeadersLegacy", HeadersLegacy, 1 << 30, 1, http.StatusOK},
-		{"allow/HeadersBoth", HeadersBoth, 1 << 30, 1, http.StatusOK},
-		{"allow/HeadersStandard/two layers", HeadersStandard, 1 << 30, 2, http.StatusOK},
-		{"deny/HeadersNone", HeadersNone, 1, 1, http.StatusTooManyRequests},
-		{"deny/HeadersStandard", HeadersStandard, 1, 1, http.StatusTooManyRequests},
-		{"deny/HeadersBoth", HeadersBoth, 1, 1, http.StatusTooManyRequests},
+		{"allow/HeadersNone", HeadersNone, 1 << 30, 1, http.StatusOK, false},
+		{"allow/HeadersStandard", HeadersStandard, 1 << 30, 1, http.StatusOK, false},
+		{"allow/HeadersLegacy", HeadersLegacy, 1 << 30, 1, http.StatusOK, false},
+		{"allow/HeadersBoth", HeadersBoth, 1 << 30, 1, http.StatusOK, false},
+		{"allow/HeadersStandard/two layers", HeadersStandard, 1 << 30, 2, http.StatusOK, false},
+		{"allow last/HeadersStandard", HeadersStandard, 1, 1, http.StatusOK, true},
+		{"allow last/HeadersBoth", HeadersBoth, 1, 1, http.StatusOK, true},
+		{"deny/HeadersNone", HeadersNone, 1, 1, http.StatusTooManyRequests, false},
+		{"deny/HeadersStandard", HeadersStandard, 1, 1, http.StatusTooManyRequests, false},
+		{"deny/HeadersBoth", HeadersBoth, 1, 1, http.StatusTooManyRequests, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if raceEnabled && !(tc.headers == HeadersNone && tc.status == http.StatusOK) {
@@ -40,7 +46,14 @@ func TestHandlerAllocs(t *testing.T) {
 			}
 			var h http.Handler = benchOK
 			for i := range tc.layers {
-				l, err := New(Options{Scope: fmt.Sprint("alloc", i), Max: tc.max, Window: time.Hour, Store: NewMemoryKV(), Headers: tc.headers})
+				opts := Options{Scope: fmt.Sprint("alloc", i), Max: tc.max, Window: time.Hour, Store: NewMemoryKV(), Headers: tc.headers}
+				if tc.newWindowEach {
+					var sec atomic.Int64
+					sec.Store(1_800_000_000)
+					clock := func() time.Time { return time.Unix(sec.Add(1), 0) }
+					opts.Window, opts.Now, opts.Store = time.Second, clock, NewMemoryKV(WithClock(clock))
+				}
+				l, err := New(opts)
 				if err != nil {
 					t.Fatal(err)
 				}

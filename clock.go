@@ -71,7 +71,8 @@ func (c *systemClock) start() int64 {
 		return s // started by another reading meanwhile
 	}
 	// Read again under the lock: a reading taken before it may be older than the second that
-	// another start and a stopping tick left behind, and the clock must never go back.
+	// another start and a stopping tick left behind, and the clock must not go back on its own
+	// (only with a step back of the system clock, which each tick follows).
 	now := c.readTime()
 	c.used.Store(true) // this reading is a use: the clock runs for the next second at least
 	c.advance(now)

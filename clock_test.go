@@ -137,36 +137,38 @@ func TestSystemClockInBubble(t *testing.T) {
 }
 
 // TestSystemClockConcurrent races readings against ticks that stop and start the clock: under
-// -race this checks the synchronisation, and every goroutine's readings must never go back.
-// The clock's time is fake and a second passes per time.Now; its timer fires after a
-// millisecond.
+// -race this checks the synchronisation, and every goroutine's readings must never go back. The
+// clock's time is fake: a second passes per time.Now, which reads 1 ms before a new second, so
+// the timer fires after a millisecond; one reader leaves gaps, all of them now and then, so the
+// clock stops and starts again many times.
 func TestSystemClockConcurrent(t *testing.T) {
-	var fake atomic.Int64
+	var fake, starts atomic.Int64
 	fake.Store(1_800_000_000)
 	c := systemClock{
-		timeNow:   func() time.Time { return time.Unix(fake.Add(1), 500_000_000) },
-		afterFunc: func(_ time.Duration, f func()) *time.Timer { return time.AfterFunc(time.Millisecond, f) },
+		timeNow: func() time.Time { return time.Unix(fake.Add(1), int64(time.Second-time.Millisecond)) },
+		canTick: func(time.Time) bool { starts.Add(1); return true },
 	}
 	var wg sync.WaitGroup
 	var backwards atomic.Int64
 	for g := range 4 {
 		wg.Go(func() {
 			last := int64(0)
-			for start := time.Now(); time.Since(start) < 50*time.Millisecond; {
+			for start := time.Now(); time.Since(start) < 100*time.Millisecond; {
 				got := c.unixSec()
 				if got < last {
 					backwards.Add(1)
 				}
 				last = got
-				if g == 0 {
-					time.Sleep(3 * time.Millisecond) // one reader leaves gaps, so the clock stops
+				if g == 0 || time.Since(start)%(20*time.Millisecond) < 10*time.Millisecond {
+					time.Sleep(3 * time.Millisecond)
 				}
 			}
 		})
 	}
 	wg.Wait()
 	require.Zero(t, backwards.Load(), "readings that went back")
-	require.Greater(t, fake.Load(), int64(1_800_000_010), "the timer ran")
+	require.Greater(t, starts.Load(), int64(3), "the clock stopped and started again")
+	require.Greater(t, fake.Load()-starts.Load(), int64(1_800_000_010), "the timer ticked")
 }
 
 // TestDefaultClockWholeSeconds: with the default clock a Result's Reset is whole seconds, the most

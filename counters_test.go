@@ -218,6 +218,28 @@ func TestRemovedEntryIsNotCounted(t *testing.T) {
 	require.NotSame(t, stale, s.counters.load(k))
 }
 
+// TestFoundCounterSweptBeforeTheCount: the limiter looks a counter up, then sets headers, then
+// counts; a sweep in between leaves it a removed entry, and the request is counted exactly once,
+// in a live entry.
+func TestFoundCounterSweptBeforeTheCount(t *testing.T) {
+	m := NewMemoryKV()
+	k := counterKeyOfString(m.seedsOf(), "k")
+	const ttl = int64(time.Minute)
+	require.EqualValues(t, 1, m.incrementAt(k, 0, time.Minute, 0))
+	found := m.findCounter(k)
+	require.NotNil(t, found.e)
+
+	s := &m.shards[shardOf(k)]
+	s.mu.Lock()
+	s.sweep(ttl)
+	s.mu.Unlock()
+	require.EqualValues(t, 1, m.incrementFound(found, ttl, time.Minute, ttl))
+	live := s.counters.load(k)
+	require.NotNil(t, live)
+	require.NotSame(t, found.e, live)
+	require.EqualValues(t, 2, m.incrementAt(k, ttl, time.Minute, ttl), "the request counted once")
+}
+
 func TestExpirySaturates(t *testing.T) {
 	for _, tc := range []struct{ now, ttl, want int64 }{
 		{100, 50, 150},

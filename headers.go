@@ -25,7 +25,9 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		if err != nil {
 			l.report(r, err)
 		}
-		if res.Limit == 0 { // not counted; only a counted request starts the headers
+		// Not counted. allowAt starts the headers only of a request it counts in a MemoryKV,
+		// which always has Limit > 0: rh holds no arena here.
+		if res.Limit == 0 {
 			if res.Allowed {
 				next.ServeHTTP(w, r)
 				return
@@ -56,6 +58,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 		rh.vals = rh.arena.values(deniedValues)
 		rh.set("Retry-After", l.secondValues(ceilSeconds(res.RetryAfter)).retryAfter)
 		l.arenas.Put(rh.arena)
+		rh.arena = nil // another goroutine's now: writePlain only sets, into rh.vals
 		if l.deny != nil {
 			l.deny(w, r, res)
 			return

@@ -142,7 +142,8 @@ type Result struct {
 func (r Result) Counted() bool { return r.Limit > 0 }
 
 // Limiter is one rate-limiting layer. Build it with [New]; it is safe for simultaneous use by
-// multiple goroutines and holds no goroutines of its own.
+// multiple goroutines. It starts no goroutines of its own; while it serves requests, its default
+// clock's timer fires once a second (see [Options.Now]).
 type Limiter struct {
 	scope     string
 	max       int64
