@@ -41,9 +41,8 @@ type systemClock struct {
 	timer *time.Timer // nil until the clock first starts; guarded by mu
 
 	// Replaced by tests only.
-	timeNow   func() time.Time     // time.Now
-	canTick   func(time.Time) bool // false inside a synctest bubble
-	afterFunc func(time.Duration, func()) *time.Timer
+	timeNow func() time.Time     // time.Now
+	canTick func(time.Time) bool // false inside a synctest bubble
 }
 
 // unixSec returns the time in whole Unix seconds.
@@ -96,11 +95,7 @@ func (c *systemClock) advance(now time.Time) {
 	c.sec.Store(now.Unix())
 	untilNext := time.Second - time.Duration(now.Nanosecond())
 	if c.timer == nil {
-		after := c.afterFunc
-		if after == nil {
-			after = time.AfterFunc
-		}
-		c.timer = after(untilNext, c.tick)
+		c.timer = time.AfterFunc(untilNext, c.tick)
 		return
 	}
 	// The timer is idle here: tick re-arms it from its own callback, and start only after a

@@ -204,8 +204,8 @@ func (m *MemoryKV) findCounter(k counterKey) foundCounter {
 	return foundCounter{k: k, e: m.shards[shardOf(k)].counters.load(k)}
 }
 
-// incrementFound is incrementAt of a counter that findCounter looked up. The entry may have been swept
-// since; then, as when find found none, the count goes through the shard's lock.
+// incrementFound is incrementAt of a counter that findCounter looked up. The entry may have been
+// swept since; then, as when findCounter found none, the count goes through the shard's lock.
 func (m *MemoryKV) incrementFound(c foundCounter, window int64, ttl time.Duration, now int64) int64 {
 	k := c.k
 	if c.e != nil {

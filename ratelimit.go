@@ -169,7 +169,7 @@ type Limiter struct {
 	deny         func(http.ResponseWriter, *http.Request, Result)
 	headers      HeaderStyle
 	now          func() time.Time
-	ownClock     bool // now is clock.now, which unixNow reads without building a time.Time
+	defaultClock bool // now is clock.now, which unixNow reads without building a time.Time
 
 	// Header values that never change, computed once.
 	policyValue     string
@@ -259,7 +259,7 @@ func New(opts Options) (*Limiter, error) {
 	if l.now == nil {
 		l.clock = &l.ownedClock
 		l.now = func() time.Time { return l.clock.now() }
-		l.ownClock = true
+		l.defaultClock = true
 	}
 	l.arenas.New = func() any { return new(headerArena) }
 	l.windowSec = int64(opts.Window / time.Second)
@@ -344,7 +344,7 @@ func (l *Limiter) AllowAt(r *http.Request, now time.Time) (Result, error) {
 
 // unixNow reads the layer's clock: Unix seconds, and nanoseconds within the second.
 func (l *Limiter) unixNow() (sec, nsec int64) {
-	if l.ownClock {
+	if l.defaultClock {
 		return l.clock.unixSec(), 0
 	}
 	t := l.now()
@@ -354,7 +354,7 @@ func (l *Limiter) unixNow() (sec, nsec int64) {
 // allowAt is AllowAt at sec seconds and nsec nanoseconds (0 to 999,999,999) of Unix time, a
 // form that holds any time.Time without overflow. memNow tells that the time was read from the
 // system clock, which is also the MemoryKV's clock, so that the store need not read the clock
-// again (a clock reading costs about as much as the rest of the MemoryKV path).
+// again (a time.Now costs about as much as the rest of the MemoryKV path).
 //
 // When early holds a header map, a request counted in a MemoryKV starts on its headers
 // (startHeaders) between the lookup of its counter and the count: for a client not seen lately
