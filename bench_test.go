@@ -114,6 +114,8 @@ func BenchmarkHandlerDeny(b *testing.B) {
 
 func BenchmarkHandlerParallel(b *testing.B) { benchParallel(b, HeadersStandard) }
 
+func BenchmarkHandlerParallelNoHeaders(b *testing.B) { benchParallel(b, HeadersNone) }
+
 // BenchmarkHandlerDenyFlood: one client over its limit floods the layer from every goroutine, as
 // an attacker from one address would from many connections. The clock is fixed, so that no new
 // window lets a request through mid-run.
