@@ -115,7 +115,7 @@ func TestIncrementAllocs(t *testing.T) {
 	}
 	buf := []byte(key)
 	if got := testing.AllocsPerRun(200, func() {
-		m.incrementAt(counterKeyOfBytes(m.seedsOf(), buf), window.UnixNano(), time.Hour, m.clock())
+		m.incrementAt(counterKeyOfBytes(m.seedsOf(), buf), window.UnixNano(), time.Hour, m.clock(), 0)
 	}); got != 0 {
 		t.Errorf("incrementAt: %v allocations, want 0", got)
 	}

@@ -36,7 +36,29 @@ type counterEntry struct {
 	window  int64 // window start, Unix nanoseconds
 	expires int64 // Unix nanoseconds; removedEntry once a sweep has taken the entry out
 	count   int64
+	// full is read without the lock ([counterEntry.exhausted]); it is written under the lock,
+	// once a window, where the count fields are written on every request without an atomic
+	// store, which costs more than the rest of a count (measured).
+	full atomic.Uint64 // a fullMark of the window and count, or 0
 }
+
+// fullMark records that a counter has reached a count in a window: the window's start in Unix
+// seconds in the high 40 bits (until the year 36812), the count in the low 24. Zero is no mark.
+type fullMark uint64
+
+const fullMarkLimitBits = 24
+
+// makeFullMark returns the mark of limit requests in the window that starts at windowSec, or 0
+// when either does not fit: such a layer counts every request under the counter's lock.
+func makeFullMark(windowSec, limit int64) fullMark {
+	if windowSec < 0 || windowSec >= 1<<(64-fullMarkLimitBits) || limit <= 0 || limit >= 1<<fullMarkLimitBits {
+		return 0
+	}
+	return fullMark(uint64(windowSec)<<fullMarkLimitBits | uint64(limit))
+}
+
+func (m fullMark) windowSec() uint64 { return uint64(m) >> fullMarkLimitBits }
+func (m fullMark) limit() int64      { return int64(uint64(m) & (1<<fullMarkLimitBits - 1)) }
 
 // removedEntry marks an entry that a sweep took out of its table: whoever still holds it must
 // look the key up again. No expiry computed by expiry equals it.
@@ -55,8 +77,9 @@ func expiry(now, ttl int64) int64 {
 }
 
 // add counts one request in window at now and returns the count, or false if the entry has been
-// removed from its table.
-func (e *counterEntry) add(window, ttl, now int64) (int64, bool) {
+// removed from its table. When the count reaches full's limit, in full's window, the entry is
+// marked full (full is 0 for a caller without a limit, or one too large to mark).
+func (e *counterEntry) add(window, ttl, now int64, full fullMark) (int64, bool) {
 	e.mu.Lock()
 	if e.expires == removedEntry {
 		e.mu.Unlock()
@@ -64,12 +87,29 @@ func (e *counterEntry) add(window, ttl, now int64) (int64, bool) {
 	}
 	if e.window != window || e.expires <= now {
 		e.window, e.count = window, 0
+		// An expired counter may start again in the window it was marked in.
+		if e.full.Load() != 0 {
+			e.full.Store(0)
+		}
 	}
 	e.count++
 	e.expires = expiry(now, ttl)
 	n := e.count
+	if full != 0 && n >= full.limit() && fullMark(e.full.Load()) != full {
+		e.full.Store(uint64(full))
+	}
 	e.mu.Unlock()
 	return n, true
+}
+
+// exhausted reports, without the lock, whether e holds at least full's limit of requests in
+// full's window, as marked by add: a request it denies then costs no write, and a flood from one
+// client does not queue on one lock. A mark left by a layer with a higher limit in the same
+// window counts too, since the count it records is higher still. A mark is never left across
+// a new window or an expiry, both of which clear it.
+func (e *counterEntry) exhausted(full fullMark) bool {
+	marked := fullMark(e.full.Load())
+	return full != 0 && marked.windowSec() == full.windowSec() && marked.limit() >= full.limit()
 }
 
 // countIn returns the count in window at now, or false if there is none.

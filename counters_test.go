@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -199,7 +200,7 @@ func TestRemovedEntryIsNotCounted(t *testing.T) {
 	m := NewMemoryKV()
 	k := counterKeyOfString(m.seedsOf(), "k")
 	const ttl = int64(time.Minute)
-	require.EqualValues(t, 1, m.incrementAt(k, 0, time.Minute, 0))
+	require.EqualValues(t, 1, m.incrementAt(k, 0, time.Minute, 0, 0))
 	s := &m.shards[shardOf(k)]
 	stale := s.counters.load(k)
 	require.NotNil(t, stale)
@@ -208,13 +209,13 @@ func TestRemovedEntryIsNotCounted(t *testing.T) {
 	s.sweep(ttl) // expired at ttl: removed
 	s.mu.Unlock()
 	require.Nil(t, s.counters.load(k))
-	_, ok := stale.add(0, ttl, ttl)
+	_, ok := stale.add(0, ttl, ttl, 0)
 	require.False(t, ok, "a removed entry refuses counts")
 	_, ok = stale.countIn(0, ttl)
 	require.False(t, ok)
 
-	require.EqualValues(t, 1, m.incrementAt(k, 0, time.Minute, ttl), "counted afresh in a new entry")
-	require.EqualValues(t, 2, m.incrementAt(k, 0, time.Minute, ttl))
+	require.EqualValues(t, 1, m.incrementAt(k, 0, time.Minute, ttl, 0), "counted afresh in a new entry")
+	require.EqualValues(t, 2, m.incrementAt(k, 0, time.Minute, ttl, 0))
 	require.NotSame(t, stale, s.counters.load(k))
 }
 
@@ -225,7 +226,7 @@ func TestFoundCounterSweptBeforeTheCount(t *testing.T) {
 	m := NewMemoryKV()
 	k := counterKeyOfString(m.seedsOf(), "k")
 	const ttl = int64(time.Minute)
-	require.EqualValues(t, 1, m.incrementAt(k, 0, time.Minute, 0))
+	require.EqualValues(t, 1, m.incrementAt(k, 0, time.Minute, 0, 0))
 	found := m.findCounter(k)
 	require.NotNil(t, found.e)
 
@@ -233,11 +234,11 @@ func TestFoundCounterSweptBeforeTheCount(t *testing.T) {
 	s.mu.Lock()
 	s.sweep(ttl)
 	s.mu.Unlock()
-	require.EqualValues(t, 1, m.incrementFound(found, ttl, time.Minute, ttl))
+	require.EqualValues(t, 1, m.incrementFound(found, ttl, time.Minute, ttl, 0))
 	live := s.counters.load(k)
 	require.NotNil(t, live)
 	require.NotSame(t, found.e, live)
-	require.EqualValues(t, 2, m.incrementAt(k, ttl, time.Minute, ttl), "the request counted once")
+	require.EqualValues(t, 2, m.incrementAt(k, ttl, time.Minute, ttl, 0), "the request counted once")
 }
 
 func TestExpirySaturates(t *testing.T) {
@@ -277,4 +278,145 @@ func TestMemoryKVTTLForever(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, ok, "ttl %d", ttl)
 	}
+}
+
+// TestFullMark: a window and a limit that fit are marked and read back; others are not marked.
+func TestFullMark(t *testing.T) {
+	for _, tc := range []struct {
+		windowSec, limit int64
+		ok               bool
+	}{
+		{windowSec: 0, limit: 1, ok: true},
+		{windowSec: 1_700_000_040, limit: 30, ok: true},
+		{windowSec: 1<<40 - 1, limit: 1<<24 - 1, ok: true},
+		{windowSec: 1 << 40, limit: 30},
+		{windowSec: -60, limit: 30},
+		{windowSec: 60, limit: 0},
+		{windowSec: 60, limit: -1},
+		{windowSec: 60, limit: 1 << 24},
+	} {
+		m := makeFullMark(tc.windowSec, tc.limit)
+		if !tc.ok {
+			require.Zero(t, m, "%+v", tc)
+			continue
+		}
+		require.NotZero(t, m)
+		require.EqualValues(t, tc.windowSec, m.windowSec(), "%+v", tc)
+		require.Equal(t, tc.limit, m.limit(), "%+v", tc)
+	}
+}
+
+// TestCounterEntryExhausted: the lock-free check of a request says exhausted only once the
+// counter has reached the limit in the same window, and forgets it when the counter starts again.
+func TestCounterEntryExhausted(t *testing.T) {
+	const limit, ttl = 3, int64(500)
+	const window = int64(7 * time.Second)
+	full := makeFullMark(7, limit)
+	for _, tc := range []struct {
+		name  string
+		count func(e *counterEntry) // counts in window 7 at time 0 unless it says otherwise
+		ask   fullMark
+		want  bool
+	}{
+		{name: "fresh", ask: full},
+		{name: "below the limit", count: counts(limit-1, window, 0, full), ask: full},
+		{name: "at the limit", count: counts(limit, window, 0, full), ask: full, want: true},
+		{name: "over the limit", count: counts(limit+2, window, 0, full), ask: full, want: true},
+		{name: "another window", count: counts(limit, window, 0, full), ask: makeFullMark(8, limit)},
+		{name: "a lower limit", count: counts(limit, window, 0, full), ask: makeFullMark(7, limit-1), want: true},
+		{name: "a higher limit", count: counts(limit, window, 0, full), ask: makeFullMark(7, limit+1)},
+		{name: "no mark asked", count: counts(limit, window, 0, full), ask: 0},
+		{name: "counted without a mark", count: counts(limit, window, 0, 0), ask: full},
+		{name: "next window counted", count: func(e *counterEntry) {
+			counts(limit, window, 0, full)(e)
+			counts(1, window+int64(time.Second), 1, makeFullMark(8, limit))(e)
+		}, ask: full},
+		{name: "back to the window", count: func(e *counterEntry) {
+			counts(limit, window, 0, full)(e)
+			counts(1, window+int64(time.Second), 1, makeFullMark(8, limit))(e)
+			counts(1, window, 2, full)(e)
+		}, ask: full},
+		{name: "expired and counted again", count: func(e *counterEntry) {
+			counts(limit, window, 0, full)(e)
+			counts(1, window, ttl, full)(e)
+		}, ask: full},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var e counterEntry
+			if tc.count != nil {
+				tc.count(&e)
+			}
+			require.Equal(t, tc.want, e.exhausted(tc.ask))
+		})
+	}
+}
+
+// counts returns a function that counts n requests in window at now with the mark full.
+func counts(n int, window, now int64, full fullMark) func(*counterEntry) {
+	return func(e *counterEntry) {
+		for range n {
+			_, ok := e.add(window, 500, now, full)
+			if !ok {
+				panic("counted in a removed entry")
+			}
+		}
+	}
+}
+
+// TestMemoryKVDeniesWithoutCounting: once a client holds the limit, its denied requests leave the
+// count alone, as the seed's do, and the next window counts from zero.
+func TestMemoryKVDeniesWithoutCounting(t *testing.T) {
+	const limit = 3
+	clock := newFakeClock(windowStart)
+	m := NewMemoryKV(WithClock(clock.Now))
+	l := newLimiter(t, Options{Scope: "auth", Max: limit, Window: time.Minute, Store: m, Now: clock.Now})
+	h := l.Handler(okHandler)
+	k := counterKeyOfString(m.seedsOf(), "ratelimit:auth:192.0.2.7")
+	count := func() int64 {
+		start := clock.Now().Truncate(time.Minute) // windowStart is a whole minute
+		n, ok := m.peek(k, start.UnixNano())
+		require.True(t, ok)
+		return n
+	}
+	for i := range limit {
+		require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.7:1")).Code, "request %d", i+1)
+	}
+	for range 5 {
+		rec := serve(h, newRequest("/", "192.0.2.7:1"))
+		require.Equal(t, http.StatusTooManyRequests, rec.Code)
+		require.Equal(t, `"auth";r=0;t=60`, rec.Header().Get("RateLimit"))
+		require.Equal(t, "60", rec.Header().Get("Retry-After"))
+	}
+	require.EqualValues(t, limit, count(), "denied requests are not counted")
+
+	res, err := l.AllowAt(newRequest("/", "192.0.2.7:1"), clock.Now())
+	require.NoError(t, err)
+	require.Equal(t, Result{Limit: limit, Reset: time.Minute, RetryAfter: time.Minute}, res)
+	require.EqualValues(t, limit, count())
+
+	clock.Advance(time.Minute)
+	require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.7:1")).Code, "a new window")
+	require.EqualValues(t, 1, count())
+}
+
+// TestLayersWithDifferentLimitsShareACounter: two layers of one scope and store, with different
+// limits, count in one counter; each still lets through exactly what its own limit allows.
+func TestLayersWithDifferentLimitsShareACounter(t *testing.T) {
+	clock := newFakeClock(windowStart)
+	m := NewMemoryKV(WithClock(clock.Now))
+	low := newLimiter(t, Options{Scope: "api", Max: 2, Window: time.Minute, Store: m, Now: clock.Now})
+	high := newLimiter(t, Options{Scope: "api", Max: 4, Window: time.Minute, Store: m, Now: clock.Now})
+	allow := func(l *Limiter) bool {
+		res, err := l.Allow(newRequest("/", "192.0.2.8:1"))
+		require.NoError(t, err)
+		return res.Allowed
+	}
+	require.True(t, allow(low))   // 1
+	require.True(t, allow(low))   // 2: low is full
+	require.False(t, allow(low))  // not counted
+	require.True(t, allow(high))  // 3
+	require.True(t, allow(high))  // 4: high is full
+	require.False(t, allow(high)) // not counted
+	require.False(t, allow(low))
+	require.False(t, allow(high))
 }

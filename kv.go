@@ -48,7 +48,9 @@ type Counter interface {
 //
 // Counters are kept by a 128-bit hash of their key under random seeds of the store, not by the
 // key text: a counter then takes about 80 bytes, and two keys share one only with a probability
-// of about 10^-21 for a billion keys.
+// of about 10^-21 for a billion keys. A layer that counts here denies a client already over its
+// limit on one atomic read, without counting the request (as the seed does), so that a flood from
+// one client writes nothing and waits on no lock.
 //
 // The zero value is ready to use and reads the time with [time.Now]; [NewMemoryKV] can inject a
 // clock. A MemoryKV is safe for simultaneous use by multiple goroutines and must not be copied
@@ -180,7 +182,7 @@ func (m *MemoryKV) Put(_ context.Context, key string, value []byte, ttl time.Dur
 
 // Increment implements [Counter]. It never fails.
 func (m *MemoryKV) Increment(_ context.Context, key string, window time.Time, ttl time.Duration) (int64, error) {
-	return m.incrementAt(counterKeyOfString(m.seedsOf(), key), window.UnixNano(), ttl, m.clock()), nil
+	return m.incrementAt(counterKeyOfString(m.seedsOf(), key), window.UnixNano(), ttl, m.clock(), 0), nil
 }
 
 // incrementAt is Increment of the counter k at the time now, in Unix nanoseconds of m's clock.
@@ -189,8 +191,8 @@ func (m *MemoryKV) Increment(_ context.Context, key string, window time.Time, tt
 //
 // A known key is counted under its entry's lock alone; the shard's lock is taken to add a key,
 // or when the lock-free lookup ran into a concurrent change of the table.
-func (m *MemoryKV) incrementAt(k counterKey, window int64, ttl time.Duration, now int64) int64 {
-	return m.incrementFound(m.findCounter(k), window, ttl, now)
+func (m *MemoryKV) incrementAt(k counterKey, window int64, ttl time.Duration, now int64, full fullMark) int64 {
+	return m.incrementFound(m.findCounter(k), window, ttl, now, full)
 }
 
 // foundCounter is a counter looked up without a lock: its key, and its entry or nil.
@@ -206,10 +208,10 @@ func (m *MemoryKV) findCounter(k counterKey) foundCounter {
 
 // incrementFound is incrementAt of a counter that findCounter looked up. The entry may have been
 // swept since; then, as when findCounter found none, the count goes through the shard's lock.
-func (m *MemoryKV) incrementFound(c foundCounter, window int64, ttl time.Duration, now int64) int64 {
+func (m *MemoryKV) incrementFound(c foundCounter, window int64, ttl time.Duration, now int64, full fullMark) int64 {
 	k := c.k
 	if c.e != nil {
-		if n, ok := c.e.add(window, int64(ttl), now); ok {
+		if n, ok := c.e.add(window, int64(ttl), now, full); ok {
 			return n
 		}
 	}
@@ -222,7 +224,7 @@ func (m *MemoryKV) incrementFound(c foundCounter, window int64, ttl time.Duratio
 		e = s.counters.insert(k)
 	}
 	// Only a sweep removes entries, under the lock held here: e is in the table and counts.
-	n, _ := e.add(window, int64(ttl), now)
+	n, _ := e.add(window, int64(ttl), now, full)
 	return n
 }
 

@@ -390,7 +390,13 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 		if !memNow {
 			now = l.mem.clock()
 		}
-		return l.result(l.mem.incrementFound(c, start*int64(time.Second), l.ttl, now), reset), nil
+		// A client over the limit is denied without counting, as the seed does and as the
+		// denied clients of a remote store are (l.denied).
+		full := makeFullMark(start, l.max)
+		if c.e != nil && c.e.exhausted(full) {
+			return l.result(l.max+1, reset), nil
+		}
+		return l.result(l.mem.incrementFound(c, start*int64(time.Second), l.ttl, now, full), reset), nil
 	}
 	deniedKey := counterKeyOfBytes(l.denied.seedsOf(), key)
 	if _, denied := l.denied.peek(deniedKey, start); denied {
@@ -407,7 +413,7 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 	}
 	res := l.result(count, reset)
 	if !res.Allowed {
-		l.denied.incrementAt(deniedKey, start, reset, l.denied.clock())
+		l.denied.incrementAt(deniedKey, start, reset, l.denied.clock(), 0)
 	}
 	return res, err
 }
