@@ -316,6 +316,7 @@ func TestCounterEntryExhausted(t *testing.T) {
 		name  string
 		count func(e *counterEntry) // counts in window 7 at time 0 unless it says otherwise
 		ask   fullMark
+		at    int64 // the time of the check
 		want  bool
 	}{
 		{name: "fresh", ask: full},
@@ -326,6 +327,7 @@ func TestCounterEntryExhausted(t *testing.T) {
 		{name: "a lower limit", count: counts(limit, window, 0, full), ask: makeFullMark(7, limit-1), want: true},
 		{name: "a higher limit", count: counts(limit, window, 0, full), ask: makeFullMark(7, limit+1)},
 		{name: "no mark asked", count: counts(limit, window, 0, full), ask: 0},
+		{name: "no mark asked, in the window of 1970", count: counts(limit, 0, 0, makeFullMark(0, limit)), ask: 0},
 		{name: "counted without a mark", count: counts(limit, window, 0, 0), ask: full},
 		{name: "next window counted", count: func(e *counterEntry) {
 			counts(limit, window, 0, full)(e)
@@ -339,14 +341,28 @@ func TestCounterEntryExhausted(t *testing.T) {
 		{name: "expired and counted again", count: func(e *counterEntry) {
 			counts(limit, window, 0, full)(e)
 			counts(1, window, ttl, full)(e)
-		}, ask: full},
+		}, ask: full, at: ttl},
+		{name: "just before the count expires", count: counts(limit, window, 0, full), ask: full, at: ttl - 1, want: true},
+		{name: "the count expired, not counted since", count: counts(limit, window, 0, full), ask: full, at: ttl},
+		{name: "counted over the limit later: the mark lasts longer", count: func(e *counterEntry) {
+			counts(limit, window, 0, full)(e)
+			counts(1, window, 300, full)(e)
+		}, ask: full, at: ttl + 299, want: true},
+		{name: "a lower limit keeps a higher mark", count: func(e *counterEntry) {
+			counts(limit+1, window, 0, makeFullMark(7, limit+1))(e)
+			counts(1, window, 0, full)(e)
+		}, ask: makeFullMark(7, limit+1), want: true},
+		{name: "counted without a mark, the mark stays", count: func(e *counterEntry) {
+			counts(limit, window, 0, full)(e)
+			counts(1, window, 0, 0)(e)
+		}, ask: full, want: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var e counterEntry
 			if tc.count != nil {
 				tc.count(&e)
 			}
-			require.Equal(t, tc.want, e.exhausted(tc.ask))
+			require.Equal(t, tc.want, e.exhausted(tc.ask, tc.at))
 		})
 	}
 }
@@ -419,4 +435,26 @@ func TestLayersWithDifferentLimitsShareACounter(t *testing.T) {
 	require.False(t, allow(high)) // not counted
 	require.False(t, allow(low))
 	require.False(t, allow(high))
+}
+
+// TestDenialEndsWithTheCount: when the store's clock runs ahead of the layer's, a client's count
+// can expire inside the layer's window; the client is then counted afresh, not denied for the
+// rest of the window on an old mark.
+func TestDenialEndsWithTheCount(t *testing.T) {
+	layerClock, storeClock := newFakeClock(windowStart), newFakeClock(windowStart)
+	m := NewMemoryKV(WithClock(storeClock.Now))
+	l := newLimiter(t, Options{Scope: "auth", Max: 2, Window: time.Minute, Store: m, Now: layerClock.Now})
+	h := l.Handler(okHandler)
+	codes := func(n int) []int {
+		var got []int
+		for range n {
+			got = append(got, serve(h, newRequest("/", "192.0.2.9:1")).Code)
+		}
+		return got
+	}
+	require.Equal(t, []int{200, 200, 429, 429}, codes(4))
+	storeClock.Advance(2*time.Minute - time.Nanosecond)
+	require.Equal(t, []int{429}, codes(1), "the count has not expired yet")
+	storeClock.Advance(time.Nanosecond)
+	require.Equal(t, []int{200, 200, 429}, codes(3), "the count expired: a fresh one")
 }

@@ -47,10 +47,11 @@ type Counter interface {
 // instance, local development and unit tests of handlers; several instances need a shared store.
 //
 // Counters are kept by a 128-bit hash of their key under random seeds of the store, not by the
-// key text: a counter then takes about 80 bytes, and two keys share one only with a probability
-// of about 10^-21 for a billion keys. A layer that counts here denies a client already over its
+// key text: a counter then takes about 100 bytes, and two keys share one only with a probability
+// of about 10^-21 for a billion keys. A layer that counts here denies a client already at its
 // limit on one atomic read, without counting the request (as the seed does), so that a flood from
-// one client writes nothing and waits on no lock.
+// one client writes nothing and waits on no lock. (Layers with a Max of 2^24 or more, or windows
+// before 1970, count every request under the counter's lock instead.)
 //
 // The zero value is ready to use and reads the time with [time.Now]; [NewMemoryKV] can inject a
 // clock. A MemoryKV is safe for simultaneous use by multiple goroutines and must not be copied

@@ -390,10 +390,10 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 		if !memNow {
 			now = l.mem.clock()
 		}
-		// A client over the limit is denied without counting, as the seed does and as the
-		// denied clients of a remote store are (l.denied).
+		// A client at its limit is denied without counting, as the seed does; the store does
+		// not see a remote store's denied clients either (l.denied).
 		full := makeFullMark(start, l.max)
-		if c.e != nil && c.e.exhausted(full) {
+		if c.e != nil && c.e.exhausted(full, now) {
 			return l.result(l.max+1, reset), nil
 		}
 		return l.result(l.mem.incrementFound(c, start*int64(time.Second), l.ttl, now, full), reset), nil
