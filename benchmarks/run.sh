@@ -38,6 +38,8 @@ fi
 out="results/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
 go test -c -o "$out/benchmarks.test" .
+# The library's own test binary, for one client flooding the limiter from every goroutine.
+(cd .. && go test -c -o "benchmarks/$out/ratelimit.test" .)
 {
   echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "machine: $CPUS CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
@@ -51,6 +53,8 @@ for i in $(seq "$COUNT"); do
   bench -test.bench '^BenchmarkLimiters$' >>"$out/limiters.txt"
   # The parallel scenario again on 1 and on every CPU: throughput must grow with cores.
   bench -test.bench '^BenchmarkLimiters$/^scenario=parallel$' -test.cpu "1,$CPUS" >>"$out/scaling.txt"
+  # One client over its limit, from every goroutine: denials must not queue on its counter.
+  "$out/ratelimit.test" -test.run '^$' -test.benchtime "$BENCHTIME" -test.bench '^BenchmarkHandlerDenyFlood$' -test.cpu "1,$CPUS" >>"$out/flood.txt"
 done
 if [ "$MEMORY" = 1 ]; then
   echo "memory benchmarks" >&2
@@ -107,10 +111,14 @@ fi
   echo "== parallel scenario on 1 and on $CPUS CPUs (sec/op falls as throughput grows)"
   "$BENCHSTAT" -col /gomaxprocs -row /limiter -filter '.unit:sec/op' "$out/scaling.txt" 2>/dev/null | grep -v '^goos\|^goarch\|^pkg\|^cpu' || true
 
+  echo
+  echo "== one client over its limit flooding ratelimit from every goroutine, on 1 and on $CPUS CPUs"
+  "$BENCHSTAT" -col /gomaxprocs -filter '.unit:sec/op' "$out/flood.txt" 2>/dev/null | grep -v '^goos\|^goarch\|^pkg\|^cpu' || true
+
   if [ -f "$out/memory.txt" ]; then
     echo
     echo "== MemoryKV memory: bytes per tracked client (1,000,000 clients) and a flood over 40 windows"
     grep '^Benchmark' "$out/memory.txt" || cat "$out/memory.txt"
   fi
 } | tee "$out/tables.txt"
-rm -f "$out/benchmarks.test"
+rm -f "$out/benchmarks.test" "$out/ratelimit.test"
