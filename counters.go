@@ -153,7 +153,7 @@ type counterSlot struct {
 // key, never find a wrong one: the caller then looks again under the lock.
 //
 // The table stays between 3/8 and 3/4 full while it grows, so a counter costs 21 to 43 bytes of
-// table and its entry, 56 bytes allocated as 64. Deletion shifts entries back (no tombstones), and a table that
+// table and its 64-byte entry. Deletion shifts entries back (no tombstones), and a table that
 // sweeping has left less than 1/8 full is rebuilt at most half full, so that memory is given
 // back.
 type counterTable struct {
