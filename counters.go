@@ -44,11 +44,11 @@ type counterEntry struct {
 	expires int64 // Unix nanoseconds; removedEntry once a sweep has taken the entry out
 	count   int64
 	// full and fullUntil are read without the lock ([counterEntry.exhausted]). They are written
-	// under the lock, and only when a count reaches a layer's limit, while the fields above are
-	// written on every request without atomic stores, which cost more than the rest of a count
-	// (measured).
+	// under the lock, and only while the counter is marked or being marked (and full is cleared
+	// when a new count starts), while the fields above are written on every request without
+	// atomic stores, which cost more than the rest of a count (measured).
 	full      atomic.Uint64 // a fullMark, or 0
-	fullUntil atomic.Int64  // the expiry of the count that full records
+	fullUntil atomic.Int64  // while full is set, expires
 }
 
 // fullMark records that a counter has reached a layer's limit in a window: the window's start in
@@ -106,10 +106,13 @@ func (e *counterEntry) add(window, ttl, now int64, full fullMark) (int64, bool) 
 	e.count++
 	e.expires = expiry(now, ttl)
 	n := e.count
-	if full != 0 && n >= full.limit() {
-		if e.fullUntil.Load() != e.expires {
-			e.fullUntil.Store(e.expires) // before the mark: a reader of the mark sees it
-		}
+	// A mark holds while the count it records lives: a marked counter's expiry goes to fullUntil
+	// whatever moves it (a count without a mark, a shorter TTL), or a denial could outlive it.
+	marking := full != 0 && n >= full.limit()
+	if (marking || e.full.Load() != 0) && e.fullUntil.Load() != e.expires {
+		e.fullUntil.Store(e.expires) // before the mark: a reader of the mark sees it
+	}
+	if marking {
 		if marked := fullMark(e.full.Load()); marked.windowSec() != full.windowSec() || marked.limit() < full.limit() {
 			e.full.Store(uint64(full))
 		}

@@ -458,3 +458,55 @@ func TestDenialEndsWithTheCount(t *testing.T) {
 	storeClock.Advance(time.Nanosecond)
 	require.Equal(t, []int{200, 200, 429}, codes(3), "the count expired: a fresh one")
 }
+
+// TestMarkFollowsTheCountsExpiry: a count that moves a marked counter's expiry (a count without a
+// mark, a shorter TTL) moves the end of its mark too, so no denial outlives the count.
+func TestMarkFollowsTheCountsExpiry(t *testing.T) {
+	t.Run("Increment with a shorter TTL", func(t *testing.T) {
+		clock := newFakeClock(windowStart)
+		m := NewMemoryKV(WithClock(clock.Now))
+		l := newLimiter(t, Options{Scope: "auth", Max: 1, Window: time.Minute, Store: m, Now: clock.Now})
+		h := l.Handler(okHandler)
+		require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.10:1")).Code)
+		require.Equal(t, http.StatusTooManyRequests, serve(h, newRequest("/", "192.0.2.10:1")).Code)
+		_, err := m.Increment(t.Context(), "ratelimit:auth:192.0.2.10", windowStart, time.Second)
+		require.NoError(t, err)
+		clock.Advance(2 * time.Second)
+		require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.10:1")).Code, "the count expired: a fresh one")
+	})
+	t.Run("a layer of the same scope with a shorter window", func(t *testing.T) {
+		clock := newFakeClock(time.Unix(1_699_999_200, 0)) // on an hour: both layers' windows start here
+		m := NewMemoryKV(WithClock(clock.Now))
+		hour := newLimiter(t, Options{Scope: "api", Max: 2, Window: time.Hour, Store: m, Now: clock.Now})
+		minute := newLimiter(t, Options{Scope: "api", Max: 10, Window: time.Minute, Store: m, Now: clock.Now})
+		allow := func(l *Limiter) bool {
+			res, err := l.Allow(newRequest("/", "192.0.2.11:1"))
+			require.NoError(t, err)
+			return res.Allowed
+		}
+		require.True(t, allow(hour))
+		require.True(t, allow(hour))
+		require.False(t, allow(hour))
+		clock.Advance(10 * time.Second)
+		require.True(t, allow(minute)) // the count now expires two minutes from here
+		clock.Advance(5 * time.Minute)
+		require.True(t, allow(hour), "the count expired: a fresh one")
+	})
+}
+
+// TestLayersWithoutAMarkStillDenyExactly: a layer whose windows cannot be marked (before 1970)
+// counts every request under the counter's lock, and denies exactly as the others do.
+func TestLayersWithoutAMarkStillDenyExactly(t *testing.T) {
+	clock := newFakeClock(time.Unix(-3600, 0))
+	m := NewMemoryKV(WithClock(clock.Now))
+	l := newLimiter(t, Options{Scope: "old", Max: 2, Window: time.Minute, Store: m, Now: clock.Now})
+	h := l.Handler(okHandler)
+	var codes []int
+	for range 4 {
+		codes = append(codes, serve(h, newRequest("/", "192.0.2.12:1")).Code)
+	}
+	require.Equal(t, []int{200, 200, 429, 429}, codes)
+	n, ok := m.peek(counterKeyOfString(m.seedsOf(), "ratelimit:old:192.0.2.12"), int64(-3600*time.Second))
+	require.True(t, ok)
+	require.EqualValues(t, 4, n, "no mark: every request counted")
+}

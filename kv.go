@@ -49,7 +49,7 @@ type Counter interface {
 // Counters are kept by a 128-bit hash of their key under random seeds of the store, not by the
 // key text: a counter then takes about 100 bytes, and two keys share one only with a probability
 // of about 10^-21 for a billion keys. A layer that counts here denies a client already at its
-// limit on one atomic read, without counting the request (as the seed does), so that a flood from
+// limit on a lock-free read, without counting the request (as the seed does), so that a flood from
 // one client writes nothing and waits on no lock. (Layers with a Max of 2^24 or more, or windows
 // before 1970, count every request under the counter's lock instead.)
 //

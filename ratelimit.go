@@ -390,8 +390,8 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 		if !memNow {
 			now = l.mem.clock()
 		}
-		// A client at its limit is denied without counting, as the seed does; the store does
-		// not see a remote store's denied clients either (l.denied).
+		// A client at its limit is denied without counting, as the seed does, and as l.denied
+		// does for a remote store.
 		full := makeFullMark(start, l.max)
 		if c.e != nil && c.e.exhausted(full, now) {
 			return l.result(l.max+1, reset), nil

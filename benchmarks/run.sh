@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks of github.com/kilat-dev/ratelimit and other Go rate limiters.
 #
-#   bash benchmarks/run.sh                  # full run: 6 interleaved rounds, about 6 to 8 minutes on 2 cores
+#   bash benchmarks/run.sh                  # full run: 6 interleaved rounds, about 5 to 8 minutes on 2 cores
 #   QUICK=1 bash benchmarks/run.sh          # smoke test: 2 short rounds, no memory benchmarks, about 1 minute
 #   COUNT=10 BENCHTIME=500ms bash benchmarks/run.sh
 #
@@ -37,6 +37,7 @@ fi
 
 out="results/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
+trap 'rm -f "$out/benchmarks.test" "$out/ratelimit.test"' EXIT
 go test -c -o "$out/benchmarks.test" .
 # The library's own test binary, for one client flooding the limiter from every goroutine.
 (cd .. && go test -c -o "benchmarks/$out/ratelimit.test" .)
@@ -47,18 +48,33 @@ go test -c -o "$out/benchmarks.test" .
   echo "run:     COUNT=$COUNT BENCHTIME=$BENCHTIME, interleaved rounds"
 } | tee "$out/machine.txt"
 
-bench() { "$out/benchmarks.test" -test.run '^$' -test.benchtime "$BENCHTIME" "$@"; }
+# record FILE NAME BINARY ARGS... runs a test binary's benchmarks and appends their results to
+# FILE. It stops the script, showing the binary's output, when the binary fails or reports no
+# benchmark whose name starts with NAME: a failed or misspelled benchmark must not pass quietly.
+record() {
+  local file=$1 name=$2 binary=$3 result
+  shift 3
+  if ! result=$("$binary" -test.run '^$' "$@" 2>&1) || ! grep -q "^$name" <<<"$result"; then
+    echo "$binary $*: failed, or no $name result:" >&2
+    echo "$result" >&2
+    exit 1
+  fi
+  echo "$result" >>"$file"
+}
 for i in $(seq "$COUNT"); do
   echo "round $i of $COUNT" >&2
-  bench -test.bench '^BenchmarkLimiters$' >>"$out/limiters.txt"
+  record "$out/limiters.txt" BenchmarkLimiters/ "$out/benchmarks.test" -test.benchtime "$BENCHTIME" \
+    -test.bench '^BenchmarkLimiters$'
   # The parallel scenario again on 1 and on every CPU: throughput must grow with cores.
-  bench -test.bench '^BenchmarkLimiters$/^scenario=parallel$' -test.cpu "1,$CPUS" >>"$out/scaling.txt"
+  record "$out/scaling.txt" BenchmarkLimiters/scenario=parallel "$out/benchmarks.test" -test.benchtime "$BENCHTIME" \
+    -test.bench '^BenchmarkLimiters$/^scenario=parallel$' -test.cpu "1,$CPUS"
   # One client over its limit, from every goroutine: denials must not queue on its counter.
-  "$out/ratelimit.test" -test.run '^$' -test.benchtime "$BENCHTIME" -test.bench '^BenchmarkHandlerDenyFlood$' -test.cpu "1,$CPUS" >>"$out/flood.txt"
+  record "$out/flood.txt" BenchmarkHandlerDenyFlood "$out/ratelimit.test" -test.benchtime "$BENCHTIME" \
+    -test.bench '^BenchmarkHandlerDenyFlood$' -test.cpu "1,$CPUS"
 done
 if [ "$MEMORY" = 1 ]; then
   echo "memory benchmarks" >&2
-  "$out/benchmarks.test" -test.run '^$' -test.bench '^BenchmarkMemory' -test.benchtime 1x >"$out/memory.txt"
+  record "$out/memory.txt" BenchmarkMemory "$out/benchmarks.test" -test.benchtime 1x -test.bench '^BenchmarkMemory'
 fi
 
 {
@@ -121,4 +137,3 @@ fi
     grep '^Benchmark' "$out/memory.txt" || cat "$out/memory.txt"
   fi
 } | tee "$out/tables.txt"
-rm -f "$out/benchmarks.test" "$out/ratelimit.test"
