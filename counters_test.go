@@ -422,11 +422,7 @@ func TestLayersWithDifferentLimitsShareACounter(t *testing.T) {
 	m := NewMemoryKV(WithClock(clock.Now))
 	low := newLimiter(t, Options{Scope: "api", Max: 2, Window: time.Minute, Store: m, Now: clock.Now})
 	high := newLimiter(t, Options{Scope: "api", Max: 4, Window: time.Minute, Store: m, Now: clock.Now})
-	allow := func(l *Limiter) bool {
-		res, err := l.Allow(newRequest("/", "192.0.2.8:1"))
-		require.NoError(t, err)
-		return res.Allowed
-	}
+	allow := func(l *Limiter) bool { return allowed(t, l, "192.0.2.8:1") }
 	require.True(t, allow(low))   // 1
 	require.True(t, allow(low))   // 2: low is full
 	require.False(t, allow(low))  // not counted
@@ -479,11 +475,7 @@ func TestMarkFollowsTheCountsExpiry(t *testing.T) {
 		m := NewMemoryKV(WithClock(clock.Now))
 		hour := newLimiter(t, Options{Scope: "api", Max: 2, Window: time.Hour, Store: m, Now: clock.Now})
 		minute := newLimiter(t, Options{Scope: "api", Max: 10, Window: time.Minute, Store: m, Now: clock.Now})
-		allow := func(l *Limiter) bool {
-			res, err := l.Allow(newRequest("/", "192.0.2.11:1"))
-			require.NoError(t, err)
-			return res.Allowed
-		}
+		allow := func(l *Limiter) bool { return allowed(t, l, "192.0.2.11:1") }
 		require.True(t, allow(hour))
 		require.True(t, allow(hour))
 		require.False(t, allow(hour))
@@ -509,4 +501,12 @@ func TestLayersWithoutAMarkStillDenyExactly(t *testing.T) {
 	n, ok := m.peek(counterKeyOfString(m.seedsOf(), "ratelimit:old:192.0.2.12"), int64(-3600*time.Second))
 	require.True(t, ok)
 	require.EqualValues(t, 4, n, "no mark: every request counted")
+}
+
+// allowed reports whether l allows a request from remoteAddr now.
+func allowed(t *testing.T, l *Limiter, remoteAddr string) bool {
+	t.Helper()
+	res, err := l.Allow(newRequest("/", remoteAddr))
+	require.NoError(t, err)
+	return res.Allowed
 }
