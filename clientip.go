@@ -29,7 +29,9 @@ func RemoteAddrIP(r *http.Request) (netip.Addr, bool) {
 // on Cloudflare Workers, where only the edge can reach the code: CF-Connecting-IP when the
 // request holds exactly one valid one (or CF-Connecting-IPv6 when CF-Connecting-IP is absent or a
 // pseudo IPv4 address, by the rule of [TrustedProxies.ClientIP]), else the rightmost
-// X-Forwarded-For entry (the one the edge added) when it is an address, else [RemoteAddrIP].
+// X-Forwarded-For entry (the one the edge added) when it is an address (CF-Connecting-IPv6
+// instead when that entry is a pseudo IPv4 address, as in [TrustedProxies.ClientIP]), else
+// [RemoteAddrIP].
 // Unlike the seed it never takes the leftmost entry, which the client writes itself even when the
 // edge appends to the header. It reads the headers even when RemoteAddr is not an IP address (a
 // Unix socket).
@@ -213,7 +215,11 @@ func parseProxyList(s string) (ProxyOptions, []error) {
 //     address that is not a trusted proxy is the client. An address reported by a Cloudflare hop
 //     is the client even when it is itself in Cloudflare's ranges (a Worker's subrequest comes
 //     from there, and skipping it would let the Worker's author choose the key); this agrees
-//     with CF-Connecting-IP.
+//     with CF-Connecting-IP. When the client found is a pseudo IPv4 address (240.0.0.0/4: no
+//     proxy sees a connection from there, so Cloudflare's Pseudo IPv4 in "Overwrite headers"
+//     mode wrote it, into X-Forwarded-For as well), a CF-Connecting-IPv6 of one line holding an
+//     IPv6 address is the client instead, as in step 2. This keeps the /64 grouping of IPv6
+//     clients behind Cloudflare and a proxy of yours, or Cloudflare Tunnel.
 //  4. The walk stops at an entry that is not an address ("unknown", an obfuscated name, garbage,
 //     longer than an address can be), after [MaxForwardedHops] entries or [MaxForwardedBytes]
 //     bytes, and at the left end of the list. The client is then the last trusted hop reached:
@@ -265,7 +271,17 @@ func resolveClientIP(t *TrustedProxies, anyPeer bool, r *http.Request) (netip.Ad
 			return a, true
 		}
 	}
-	client := walkForwarded(t, r.Header[headerXForwardedFor], peer, kind == cloudflareHop)
+	client, reported := walkForwarded(t, r.Header[headerXForwardedFor], peer, kind == cloudflareHop)
+	// No proxy sees a connection from 240.0.0.0/4: a hop that reports one passes on Cloudflare's
+	// Pseudo IPv4 in "Overwrite headers" mode, which writes its made-up address into
+	// X-Forwarded-For as well, and the real one into CF-Connecting-IPv6. This holds behind a
+	// proxy of yours (Cloudflare, then a load balancer; Cloudflare Tunnel), where
+	// CF-Connecting-IP is not read.
+	if reported && pseudoIPv4.Contains(client) {
+		if a, ok := cfConnectingIPv6(r.Header); ok {
+			return a, true
+		}
+	}
 	return client, client.IsValid()
 }
 
@@ -291,25 +307,36 @@ func cfConnectingIP(h http.Header) (netip.Addr, bool) {
 		v4, v4OK = parseIP(v4Lines[0])
 	}
 	if len(v4Lines) == 0 || (v4OK && pseudoIPv4.Contains(v4)) {
-		if v := h[headerCFConnectingIPv6]; len(v) == 1 {
-			if a, ok := parseIP(v[0]); ok && a.Is6() {
-				return a, true
-			}
+		if a, ok := cfConnectingIPv6(h); ok {
+			return a, true
 		}
 	}
 	return v4, v4OK
 }
 
+// cfConnectingIPv6 returns the address in CF-Connecting-IPv6 when the request holds exactly one
+// line of it with an IPv6 address.
+func cfConnectingIPv6(h http.Header) (netip.Addr, bool) {
+	if v := h[headerCFConnectingIPv6]; len(v) == 1 {
+		if a, ok := parseIP(v[0]); ok && a.Is6() {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
 // walkForwarded walks the X-Forwarded-For lines from the right, starting at the trusted peer
-// client, as [TrustedProxies.ClientIP] describes. It does not allocate for valid entries and
-// examines at most MaxForwardedHops entries and MaxForwardedBytes bytes.
-func walkForwarded(t *TrustedProxies, lines []string, client netip.Addr, fromCloudflare bool) netip.Addr {
+// client, as [TrustedProxies.ClientIP] describes. reported is true when the client is an entry
+// that a trusted hop reported, and false when the walk ended on a trusted hop (the peer, or one
+// further left). It does not allocate for valid entries and examines at most MaxForwardedHops
+// entries and MaxForwardedBytes bytes.
+func walkForwarded(t *TrustedProxies, lines []string, client netip.Addr, fromCloudflare bool) (_ netip.Addr, reported bool) {
 	hops, budget := MaxForwardedHops, MaxForwardedBytes
 	for i := len(lines) - 1; i >= 0; i-- {
 		line := lines[i]
 		for {
 			if hops <= 0 || budget <= 0 {
-				return client
+				return client, false
 			}
 			hops--
 			// The entry may use the rest of the budget; look one byte further, for the comma
@@ -319,21 +346,21 @@ func walkForwarded(t *TrustedProxies, lines []string, client netip.Addr, fromClo
 			comma := strings.LastIndexByte(line[lo:], ',')
 			first := comma < 0 // the line's leftmost entry
 			if first && len(line) > budget {
-				return client // the entry is longer than the budget left
+				return client, false // the entry is longer than the budget left
 			}
 			entry := line[lo+comma+1:]
 			budget -= len(entry) + 1
 			if !blank(entry) {
 				a, ok := parseIP(entry)
 				if !ok {
-					return client
+					return client, false
 				}
 				if fromCloudflare {
-					return a
+					return a, true
 				}
 				kind := t.classify(a)
 				if kind == untrustedHop {
-					return a
+					return a, true
 				}
 				client, fromCloudflare = a, kind == cloudflareHop
 			}
@@ -343,7 +370,7 @@ func walkForwarded(t *TrustedProxies, lines []string, client netip.Addr, fromClo
 			line = line[:lo+comma]
 		}
 	}
-	return client
+	return client, false
 }
 
 // blank reports whether s holds only spaces and tabs.

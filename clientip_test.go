@@ -359,6 +359,51 @@ func TestCloudflareIPv6HeaderRuleClientIP(t *testing.T) {
 	}
 }
 
+// TestPseudoIPv4InForwardedClientIP covers Cloudflare's Pseudo IPv4 in "Overwrite headers" mode
+// behind a proxy of the user's, where CF-Connecting-IP is not read: Cloudflare writes its made-up
+// address into X-Forwarded-For too, and the client is then CF-Connecting-IPv6.
+func TestPseudoIPv4InForwardedClientIP(t *testing.T) {
+	const (
+		v6      = "2001:db8:1:2::7"
+		pseudo4 = "240.16.0.1"
+	)
+	chain := cipDefaultProxies(t).ClientIP // Cloudflare, then the user's proxies in 10.0.0.0/8
+	tunnel := cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{
+		netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128"),
+	}}).ClientIP
+	// A (strange) proxy of the user's inside 240.0.0.0/4: its own address is no pseudo address.
+	classE := cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{netip.MustParsePrefix("240.1.0.0/16")}}).ClientIP
+	tests := []struct {
+		name    string
+		fn      ClientIPFunc
+		remote  string
+		headers []string
+		want    string
+	}{
+		{"Cloudflare then a proxy: IPv6 used", chain, "10.0.0.1:5555", []string{xff, "1.1.1.1, " + pseudo4 + ", 172.64.0.1", cfh, pseudo4, cfh6, v6}, v6},
+		{"Cloudflare then a proxy, no CF-Connecting-IP: IPv6 used", chain, "10.0.0.1:5555", []string{xff, pseudo4 + ", 172.64.0.1", cfh6, v6}, v6},
+		{"Cloudflare then two proxies: IPv6 used", chain, "10.0.0.1:5555", []string{xff, pseudo4 + ", 172.64.0.1, 10.0.0.2", cfh6, v6}, v6},
+		{"Tunnel: IPv6 used", tunnel, "127.0.0.1:5555", []string{xff, pseudo4, cfh, pseudo4, cfh6, v6}, v6},
+		{"Tunnel over IPv6 loopback: IPv6 used", tunnel, "[::1]:5555", []string{xff, pseudo4, cfh6, v6}, v6},
+		{"any peer: IPv6 used", HeadersFromAnyPeerIP, "203.0.113.9:5555", []string{xff, "1.1.1.1, " + pseudo4, cfh6, v6}, v6},
+		{"pseudo address, no IPv6 header: pseudo address", chain, "10.0.0.1:5555", []string{xff, pseudo4 + ", 172.64.0.1"}, pseudo4},
+		{"pseudo address, two IPv6 lines: pseudo address", tunnel, "127.0.0.1:5555", []string{xff, pseudo4, cfh6, v6, cfh6, "2001:db8:9::9"}, pseudo4},
+		{"pseudo address, IPv6 header holding IPv4: pseudo address", tunnel, "127.0.0.1:5555", []string{xff, pseudo4, cfh6, "198.51.100.7"}, pseudo4},
+		{"pseudo address, invalid IPv6 header: pseudo address", tunnel, "127.0.0.1:5555", []string{xff, pseudo4, cfh6, "nope"}, pseudo4},
+		{"real address: IPv6 header ignored", chain, "10.0.0.1:5555", []string{xff, "198.51.100.1, 172.64.0.1", cfh6, v6}, "198.51.100.1"},
+		{"real address through a tunnel: IPv6 header ignored", tunnel, "127.0.0.1:5555", []string{xff, "198.51.100.1", cfh6, v6}, "198.51.100.1"},
+		{"walk stopped at a trusted hop: IPv6 header ignored", chain, "10.0.0.1:5555", []string{xff, pseudo4 + ", unknown", cfh6, v6}, "10.0.0.1"},
+		{"untrusted peer: IPv6 header ignored", chain, "203.0.113.9:5555", []string{xff, pseudo4, cfh6, v6}, "203.0.113.9"},
+		{"trusted peer inside 240.0.0.0/4, no entry: the peer", classE, "240.1.0.1:5555", []string{cfh6, v6}, "240.1.0.1"},
+		{"trusted hop inside 240.0.0.0/4 ends the walk: the hop", classE, "240.1.0.1:5555", []string{xff, "unknown, 240.1.0.2", cfh6, v6}, "240.1.0.2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, cipResult(tt.fn(cipRequest(tt.remote, tt.headers...))))
+		})
+	}
+}
+
 func TestZeroTrustedProxiesIsRemoteAddrClientIP(t *testing.T) {
 	var p TrustedProxies
 	r := cipRequest("203.0.113.9:5555", xff, "198.51.100.1", cfh, "198.51.100.2")
@@ -625,6 +670,31 @@ func TestSpoofableRegression_CFConnectingIPv6WithRealIPv4(t *testing.T) {
 				r := cipRequest("172.64.1.1:1000", cfh, "240.17.0."+strconv.Itoa(i+1), cfh6, "2001:db8:1::"+strconv.Itoa(i+2))
 				require.Equal(t, http.StatusTooManyRequests, cipStatus(h, r), "same /64, request %d", i+1)
 			}
+		})
+	}
+}
+
+// TestSpoofableRegression_PseudoIPv4BehindAProxy: with Pseudo IPv4 set to "Overwrite headers",
+// the addresses of one /64 get made-up IPv4 addresses of their own in X-Forwarded-For. Behind
+// Cloudflare and a proxy of the user's, or Cloudflare Tunnel, they must still share one budget.
+func TestSpoofableRegression_PseudoIPv4BehindAProxy(t *testing.T) {
+	tunnel := cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
+	for _, tc := range []struct {
+		name, peer, edge string
+		clientIP         ClientIPFunc
+	}{
+		{"Cloudflare then a load balancer", "10.0.0.1:5555", ", 172.64.0.1", cipDefaultProxies(t).ClientIP},
+		{"Cloudflare Tunnel", "127.0.0.1:5555", "", tunnel.ClientIP},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := cipLimiter(t, tc.clientIP)
+			request := func(pseudo, v6 string) *http.Request {
+				return cipRequest(tc.peer, xff, pseudo+tc.edge, cfh, pseudo, cfh6, v6)
+			}
+			requireNoFreshBudget(t, h, func(i int) *http.Request {
+				n := strconv.Itoa(i + 1)
+				return request("240.16.0."+n, "2001:db8:1:2::"+n)
+			}, request("240.16.0.99", "2001:db8:1:3::1"))
 		})
 	}
 }

@@ -203,9 +203,10 @@ func checkCloudflarePrefix(p netip.Prefix, wantV4 bool) error {
 // caller fetched itself. The list must hold at least one IPv4 and one IPv6 range, each at least
 // /8 (IPv4) or /16 (IPv6) long; otherwise t keeps its current list and an error is returned.
 // The swap is atomic: requests being resolved see the old list or the new one, never a mix. t
-// keeps its own copy of prefixes. It fails when t was built without the Cloudflare preset.
+// keeps its own copy of prefixes. It fails when t is nil (as [ConfigFromEnv] leaves it without
+// RATE_LIMIT_TRUSTED_PROXIES) or was built without the Cloudflare preset.
 func (t *TrustedProxies) SetCloudflareRanges(prefixes []netip.Prefix) error {
-	if t.cloudflare.Load() == nil {
+	if t == nil || t.cloudflare.Load() == nil {
 		return errors.New("ratelimit: SetCloudflareRanges: the Cloudflare preset is not enabled")
 	}
 	var set prefixSet
@@ -229,7 +230,7 @@ func (t *TrustedProxies) SetCloudflareRanges(prefixes []netip.Prefix) error {
 //
 // Call it at start-up and then, say, once a day from a goroutine of your own; t starts none.
 func (t *TrustedProxies) RefreshCloudflare(ctx context.Context, src CloudflareSource) error {
-	if t.cloudflare.Load() == nil {
+	if t == nil || t.cloudflare.Load() == nil {
 		return errors.New("ratelimit: RefreshCloudflare: the Cloudflare preset is not enabled")
 	}
 	prefixes, err := src.Fetch(ctx)
@@ -240,8 +241,12 @@ func (t *TrustedProxies) RefreshCloudflare(ctx context.Context, src CloudflareSo
 }
 
 // CloudflareRanges returns a copy of the Cloudflare ranges t trusts now, IPv4 first: the shipped
-// list, or the last one set or refreshed. It is nil when the Cloudflare preset is off.
+// list, or the last one set or refreshed. It is nil when the Cloudflare preset is off or t is
+// nil.
 func (t *TrustedProxies) CloudflareRanges() []netip.Prefix {
+	if t == nil {
+		return nil
+	}
 	set := t.cloudflare.Load()
 	if set == nil {
 		return nil

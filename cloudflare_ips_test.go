@@ -216,6 +216,25 @@ func TestSetCloudflareRanges(t *testing.T) {
 	require.Equal(t, []string{"198.18.0.0/15", "2001:db8:cf::/48"}, prefixStrings(p.CloudflareRanges()))
 }
 
+// TestNilTrustedProxies: ConfigFromEnv leaves cfg.TrustedProxies nil without
+// RATE_LIMIT_TRUSTED_PROXIES, and the README tells its readers to refresh that one: a nil
+// resolver trusts no proxy, and its Cloudflare methods report that the preset is off, without
+// fetching anything.
+func TestNilTrustedProxies(t *testing.T) {
+	cfg, err := ConfigFromEnv(func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	p := cfg.TrustedProxies
+	require.Nil(t, p)
+
+	require.Equal(t, "203.0.113.9", cipResult(p.ClientIP(cipRequest("203.0.113.9:1", xff, "198.51.100.1", cfh, "198.51.100.2"))))
+	require.Nil(t, p.CloudflareRanges())
+	in := []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("2001:db8:cf::/48")}
+	require.ErrorContains(t, p.SetCloudflareRanges(in), "the Cloudflare preset is not enabled")
+	src, paths := fakeCloudflareAPI(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(fakeIPsBody)) })
+	require.ErrorContains(t, p.RefreshCloudflare(context.Background(), src), "the Cloudflare preset is not enabled")
+	require.Empty(t, *paths)
+}
+
 // TestRefreshCloudflareWhileServing swaps the ranges while requests are resolved; run with -race.
 func TestRefreshCloudflareWhileServing(t *testing.T) {
 	src, _ := fakeCloudflareAPI(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(fakeIPsBody)) })

@@ -79,8 +79,13 @@ func checkPattern(p string) error {
 // match reports whether the layer counts a request for u. Routers disagree on which path they
 // route: r.URL.Path is decoded, while Go's ServeMux and chi route on the escaped path, where
 // "%2F" is not a "/" and "%2E%2E" is not "..". So when the two differ, both are judged and the
-// doubt goes to counting: a path is counted if either view is, and exempt only if both are.
+// doubt goes to counting: a path is counted if either view is, and exempt only if both are. For
+// the same reason a request without a URL (net/http never serves one, but a hand-built request
+// may lack it) is counted.
 func (f *pathFilter) match(u *url.URL) bool {
+	if u == nil {
+		return true
+	}
 	decoded := cleanPath(u.Path)
 	if u.RawPath == "" {
 		// Without RawPath the escaped path is u.Path with only characters escaped that cleaning

@@ -769,6 +769,27 @@ func TestClientGoingAwayIsStillCounted(t *testing.T) {
 
 // Go's ServeMux and chi route on the escaped path, where "%2F" is no "/" and "%2E%2E" no "..":
 // a path that cleans to an exempt one when decoded, but routes to a limited handler, is counted.
+// TestRequestWithoutURLIsCounted: net/http never serves a request without a URL, but a
+// hand-built one passed to Allow or a handler must not panic the path filter; in doubt, it is
+// counted, by every layer.
+func TestRequestWithoutURLIsCounted(t *testing.T) {
+	for _, opts := range []Options{DefaultConfig().Auth, DefaultConfig().Global, {Scope: "all", Max: 5, Window: time.Minute}} {
+		opts.Store = NewMemoryKV()
+		l := newLimiter(t, opts)
+		r := &http.Request{Method: http.MethodGet, RemoteAddr: "192.0.2.1:1", Header: http.Header{}}
+		res, err := l.Allow(r)
+		require.NoError(t, err)
+		require.True(t, res.Counted(), "layer %s", l.Scope())
+
+		rec := httptest.NewRecorder()
+		l.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusNoContent)
+		})).ServeHTTP(rec, r)
+		require.Equal(t, http.StatusNoContent, rec.Code, "layer %s", l.Scope())
+		require.NotEmpty(t, rec.Header().Get("RateLimit"), "layer %s", l.Scope())
+	}
+}
+
 func TestEscapedPathsCannotDodgeTheFilter(t *testing.T) {
 	tests := []struct {
 		name, route, target string
