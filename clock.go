@@ -32,7 +32,8 @@ import (
 // time: a timer belongs to the bubble that made it, and a layer shared between bubbles (or with
 // code outside them) must not be left with a clock that only a finished bubble could advance.
 // The check is made when the clock starts: a layer whose timer runs, started outside a bubble,
-// gives code inside one the real second.
+// gives code inside one the real second, and so does a MemoryKV's shared clock to a layer made
+// inside a bubble.
 type systemClock struct {
 	sec  atomic.Int64 // the current Unix second while the timer runs; 0 while it is stopped
 	used atomic.Bool  // read since the timer last fired

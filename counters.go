@@ -90,13 +90,24 @@ func expiry(now, ttl int64) int64 {
 // removed from its table. When the count reaches full's limit, in full's window, the entry is
 // marked full (full is 0 for a caller without a limit, or one too large to mark), unless a mark
 // of a higher limit in that window is there already.
+//
+// A request for the window just before the live count's (its goroutine read the clock just
+// before the window turned, or its layer's clock lags) counts in the newer window: resetting it
+// would restart the newer window's count, and let the request through over the older window's
+// limit. (A counter keeps one window only; this errs towards denying.) Windows are ttl/2 long.
+// Any other window replaces the count.
 func (e *counterEntry) add(window, ttl, now int64, full fullMark) (int64, bool) {
 	e.mu.Lock()
 	if e.expires == removedEntry {
 		e.mu.Unlock()
 		return 0, false
 	}
-	if e.window != window || e.expires <= now {
+	live := e.count > 0 && e.expires > now
+	switch {
+	case live && window == e.window:
+	case live && window < e.window && window >= e.window-ttl/2:
+		full = 0 // its limit is of the older window
+	default:
 		e.window, e.count = window, 0
 		// An expired counter may start again in the window it was marked in.
 		if e.full.Load() != 0 {

@@ -379,6 +379,50 @@ func counts(n int, window, now int64, full fullMark) func(*counterEntry) {
 	}
 }
 
+// TestCounterEntryLateRequest: a request of the window just before the live count's counts in
+// the newer window instead of restarting it; one of any other window replaces the count.
+func TestCounterEntryLateRequest(t *testing.T) {
+	const w = int64(time.Minute) // a window; the TTL is two
+	const w1, w2 = 100 * w, 101 * w
+	type step struct {
+		window, now int64
+		want        int64
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"late requests count in the newer window", []step{
+			{w1, 0, 1}, {w1, 0, 2}, {w2, 1, 1}, {w2, 1, 2}, {w1, 2, 3}, {w2, 3, 4}, {w1, 4, 5},
+		}},
+		{"a window further back replaces the count", []step{
+			{w2, 0, 1}, {w2, 0, 2}, {w1 - w, 1, 1}, {w2, 2, 1},
+		}},
+		{"a later window replaces the count", []step{
+			{w1, 0, 1}, {w1, 0, 2}, {w2 + w, 1, 1},
+		}},
+		{"a late request after the newer count expired starts its own", []step{
+			{w2, 0, 1}, {w1, 2 * w, 1}, {w1, 2 * w, 2},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var e counterEntry
+			for i, st := range tc.steps {
+				n, ok := e.add(st.window, 2*w, st.now, 0)
+				require.True(t, ok)
+				require.Equal(t, st.want, n, "step %d", i+1)
+			}
+		})
+	}
+	t.Run("a late request marks nothing", func(t *testing.T) {
+		var e counterEntry
+		counts(1, w2, 0, 0)(&e)
+		n, _ := e.add(w1, 2*w, 1, makeFullMark(w1/int64(time.Second), 1))
+		require.EqualValues(t, 2, n)
+		require.Zero(t, e.full.Load(), "the older window's limit is no mark of the newer window")
+	})
+}
+
 // TestMemoryKVDeniesWithoutCounting: once a client holds the limit, its denied requests leave the
 // count alone, as the seed's do, and the next window counts from zero.
 func TestMemoryKVDeniesWithoutCounting(t *testing.T) {

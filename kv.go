@@ -34,15 +34,21 @@ type KV interface {
 // return promptly once ctx is done.
 type Counter interface {
 	// Increment adds one to the count of key for the window that starts at window and returns
-	// the count including this call. A stored count that belongs to any other window is
-	// discarded first, so each window starts from zero. The store keeps the count for at least
-	// ttl after the call; the limiter always passes twice the window's length, as the seed does,
-	// so the window ends at window + ttl/2.
+	// the count including this call. Each window starts from zero: a stored count of an earlier
+	// window is discarded first (or kept apart, under a key of its own). A late call for the
+	// window just before the stored count's (from a caller whose clock lags, or that read it just
+	// before the window turned) must not restart the newer count: a store keeps that window's
+	// count apart (as redisstore does) or counts the call in the newer window (as MemoryKV
+	// does, which errs towards denying). The store keeps the count for at least ttl after the
+	// call; the limiter always passes twice the window's length, as the seed does, so the window
+	// ends at window + ttl/2.
 	Increment(ctx context.Context, key string, window time.Time, ttl time.Duration) (count int64, err error)
 }
 
 // MemoryKV is an in-process store that implements both [KV] and [Counter]. Counting through it is
-// exact under any concurrency. Entries expire at their TTL and the memory they held is given back,
+// exact under any concurrency: every request is counted once, in its window, or (a request of
+// the window before that arrives after the next window's first count) in the newer window.
+// Entries expire at their TTL and the memory they held is given back,
 // so a flood of distinct clients costs memory only while their windows last. It suits a single
 // instance, local development and unit tests of handlers; several instances need a shared store.
 //

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -117,8 +118,9 @@ type Options struct {
 	// new second reaches the layer after the timer's latency (microseconds; milliseconds on a
 	// saturated machine), and after a suspend or a step of the system clock within a second.
 	// The timer stops after a second without requests. Inside a testing/synctest bubble the
-	// default reads time.Now on every request; give such tests layers of their own, since a layer
-	// already running on the real clock keeps it.
+	// default reads time.Now on every request; give such tests layers and MemoryKVs of their
+	// own, since a layer already running on the real clock keeps it, and layers that count in
+	// one MemoryKV share the store's clock.
 	Now func() time.Time
 }
 
@@ -126,8 +128,8 @@ type Options struct {
 type Result struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
-	// Limit is the layer's Max, or zero when the layer did not count the request (its path is
-	// not limited, the layer is disabled or has no store, or the store failed).
+	// Limit is the layer's Max, or zero when the layer did not apply its limit to the request
+	// (its path is not limited, the layer is disabled or has no store, or the store failed).
 	Limit int
 	// Remaining is how many more requests the client may make in this window.
 	Remaining int
@@ -138,7 +140,9 @@ type Result struct {
 	RetryAfter time.Duration
 }
 
-// Counted reports whether the layer counted the request.
+// Counted reports whether the layer applied its limit to the request: its path is limited and
+// its store answered. A request of a client already over the limit is denied without adding to
+// the stored count (as in the seed); it is still Counted in this sense.
 func (r Result) Counted() bool { return r.Limit > 0 }
 
 // Limiter is one rate-limiting layer. Build it with [New]; it is safe for simultaneous use by
@@ -434,19 +438,25 @@ func (l *Limiter) count(ctx context.Context, key string, start int64) (int64, er
 	}
 	var n int64
 	var corrupt error
+	window := start // the window the count is kept in
 	if found {
-		window, stored, perr := parseSeedValue(raw)
+		stored, count, perr := parseSeedValue(raw)
 		switch {
 		case perr != nil:
 			corrupt = fmt.Errorf("%w: layer %q: key %q: %w", ErrCorruptValue, l.scope, key, perr)
-		case window == start:
-			n = stored
+		case stored == start:
+			n = count
+		case stored == start+l.windowSec:
+			// The next window's count, written by an instance whose clock runs ahead, or by a
+			// request that read the clock after this one: count in it, as MemoryKV does,
+			// rather than restart it.
+			n, window = count, stored
 		}
 	}
 	if n >= l.max {
-		return n + 1, corrupt
+		return min(n, math.MaxInt64-1) + 1, corrupt // a stored count may be any size
 	}
-	if err := l.kv.Put(ctx, key, appendSeedValue(nil, start, n+1), l.ttl); err != nil {
+	if err := l.kv.Put(ctx, key, appendSeedValue(nil, window, n+1), l.ttl); err != nil {
 		return 0, fmt.Errorf("%w: layer %q: put %q: %w", ErrStoreFailed, l.scope, key, err)
 	}
 	return n + 1, corrupt

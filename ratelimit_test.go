@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -478,6 +479,68 @@ func TestCorruptStoredValues(t *testing.T) {
 			require.NotErrorIs(t, reported, ErrStoreFailed)
 		})
 	}
+}
+
+// TestLateRequestDoesNotRestartTheWindow: a request whose clock reading is of the window before
+// (a goroutine that read the clock just before the window turned, an instance whose clock lags)
+// must neither pass over the old window's limit nor restart the new window's count, whichever
+// way the store counts.
+func TestLateRequestDoesNotRestartTheWindow(t *testing.T) {
+	stores := map[string]func(clock *fakeClock) KV{
+		"MemoryKV": func(c *fakeClock) KV { return NewMemoryKV(WithClock(c.Now)) },
+		"Counter":  func(c *fakeClock) KV { return &counterStore{mem: NewMemoryKV(WithClock(c.Now))} },
+		"seed KV":  func(c *fakeClock) KV { return kvOnly{NewMemoryKV(WithClock(c.Now))} },
+	}
+	for name, store := range stores {
+		t.Run(name, func(t *testing.T) {
+			clock := newFakeClock(windowStart)
+			l := newLimiter(t, Options{Scope: "api", Max: 2, Window: time.Minute, Store: store(clock), Now: clock.Now})
+			allowedAt := func(at time.Time) bool {
+				t.Helper()
+				res, err := l.AllowAt(newRequest("/", "192.0.2.1:1"), at)
+				require.NoError(t, err)
+				return res.Allowed
+			}
+			old, next := windowStart.Add(59*time.Second), windowStart.Add(time.Minute)
+			require.True(t, allowedAt(old))
+			require.True(t, allowedAt(old))
+			clock.Set(next)
+			require.True(t, allowedAt(next))
+			require.True(t, allowedAt(next))
+			for i := range 10 {
+				at := next
+				if i%2 == 0 {
+					at = old.Add(500 * time.Millisecond)
+				}
+				require.False(t, allowedAt(at), "request %d at %v: both windows are full", i+1, at.Sub(windowStart))
+			}
+			// Another client keeps its budget, and the window after next starts from zero.
+			res, err := l.AllowAt(newRequest("/", "192.0.2.2:1"), old)
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			clock.Set(next.Add(time.Minute))
+			require.True(t, allowedAt(next.Add(time.Minute)))
+		})
+	}
+}
+
+// TestHugeStoredCountIsDenied: a stored count is any size a writer chose; counting one more must
+// not wrap around into an allowed request.
+func TestHugeStoredCountIsDenied(t *testing.T) {
+	value := fmt.Sprintf(`{"window":%d,"count":%d}`, windowStart.Unix(), int64(math.MaxInt64))
+	var reported error
+	l := newLimiter(t, Options{
+		Scope: "auth", Max: 5, Window: time.Minute, Store: corruptKV{value: []byte(value)},
+		Now:     newFakeClock(windowStart).Now,
+		OnError: func(_ *http.Request, err error) { reported = err },
+	})
+	res, err := l.Allow(newRequest("/", "192.0.2.1:1"))
+	require.NoError(t, err)
+	require.False(t, res.Allowed)
+	rec := serve(l.Handler(okHandler), newRequest("/", "192.0.2.1:1"))
+	require.Equal(t, http.StatusTooManyRequests, rec.Code)
+	require.Equal(t, `"auth";r=0;t=60`, rec.Header().Get("RateLimit"))
+	require.NoError(t, reported, "a valid value, however large")
 }
 
 func TestCorruptValueIsOverwritten(t *testing.T) {
