@@ -60,6 +60,6 @@ func ExampleSynced() {
 	// web-2: allowed=true remaining=4
 	// web-2: allowed=true remaining=0
 	// web-2: allowed=false remaining=0
-	// in KV: {"window":1700000040,"count":4,"instances":{"web-1":3,"web-2":1}}
+	// in KV: {"window":1700000040,"count":4,"instances":{"web-1":3,"web-2":1},"at":1700000041000}
 	// API calls: 4
 }

@@ -46,14 +46,19 @@ var t0 = time.Unix(1_700_000_040, 0)
 type fakeValue struct {
 	value   []byte
 	expires time.Time
+	written time.Time
 }
 
 type fakeAPI struct {
 	srv   *httptest.Server
 	clock *fakeClock
 
-	mu         sync.Mutex
-	values     map[string]fakeValue
+	mu     sync.Mutex
+	values map[string]fakeValue
+	// readLag makes a GET see a key as it was readLag ago, as Workers KV's reads may (and
+	// "not found" too), instead of the latest write; history holds every write for it.
+	readLag    time.Duration
+	history    map[string][]fakeValue
 	lastWrite  map[string]time.Time
 	budget     int           // requests per budgetWin; 0 = unlimited
 	budgetWin  time.Duration // default 5 minutes
@@ -80,6 +85,7 @@ func newFakeAPI(clock *fakeClock) *fakeAPI {
 	f := &fakeAPI{
 		clock:      clock,
 		values:     map[string]fakeValue{},
+		history:    map[string][]fakeValue{},
 		lastWrite:  map[string]time.Time{},
 		budgetWin:  5 * time.Minute,
 		retryAfter: 30,
@@ -142,7 +148,29 @@ func (f *fakeAPI) value(key string) (string, bool) {
 func (f *fakeAPI) store(key, value string, ttl time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.values[key] = fakeValue{value: []byte(value), expires: f.clock.Now().Add(ttl)}
+	now := f.clock.Now()
+	f.write(key, fakeValue{value: []byte(value), expires: now.Add(ttl), written: now})
+}
+
+// write stores v under key. The caller holds f.mu.
+func (f *fakeAPI) write(key string, v fakeValue) {
+	f.values[key] = v
+	f.history[key] = append(f.history[key], v)
+}
+
+// read returns the value of key that a GET at now sees. The caller holds f.mu.
+func (f *fakeAPI) read(key string, now time.Time) (fakeValue, bool) {
+	if f.readLag == 0 {
+		v, ok := f.values[key]
+		return v, ok
+	}
+	versions := f.history[key]
+	for i := len(versions) - 1; i >= 0; i-- {
+		if !versions[i].written.After(now.Add(-f.readLag)) {
+			return versions[i], true
+		}
+	}
+	return fakeValue{}, false
 }
 
 func writeEnvelope(w http.ResponseWriter, status, code int, msg string) {
@@ -268,7 +296,7 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		switch r.Method {
 		case http.MethodGet:
 			f.mu.Lock()
-			v, ok := f.values[key]
+			v, ok := f.read(key, now)
 			f.mu.Unlock()
 			if !ok || !now.Before(v.expires) {
 				writeEnvelope(w, http.StatusNotFound, 10009, "get: 'key not found'")
@@ -316,7 +344,7 @@ func (f *fakeAPI) put(w http.ResponseWriter, r *http.Request, key string, now ti
 	if ttl > 0 {
 		exp = now.Add(time.Duration(ttl) * time.Second)
 	}
-	f.values[key] = fakeValue{value: body, expires: exp}
+	f.write(key, fakeValue{value: body, expires: exp, written: now})
 	writeEnvelope(w, http.StatusOK, 0, "")
 }
 
@@ -351,7 +379,7 @@ func (f *fakeAPI) bulk(w http.ResponseWriter, r *http.Request, now time.Time) {
 		}
 		f.lastWrite[p.Key] = now
 		f.ttls = append(f.ttls, p.ExpirationTTL)
-		f.values[p.Key] = fakeValue{value: []byte(p.Value), expires: now.Add(time.Duration(p.ExpirationTTL) * time.Second)}
+		f.write(p.Key, fakeValue{value: []byte(p.Value), expires: now.Add(time.Duration(p.ExpirationTTL) * time.Second), written: now})
 	}
 	f.mu.Unlock()
 	f.unsuccessful.Add(int64(len(failed)))

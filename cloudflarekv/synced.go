@@ -23,10 +23,14 @@ var ErrClosed = errors.New("cloudflarekv: store closed")
 // reconciles with the other instances through Workers KV in the background, so that requests
 // never wait for the API and the API sees a few calls per sync instead of two per request.
 //
-// Each key's value is {"window":W,"count":SUM,"instances":{"<id>":n,...}}: every instance
-// writes its own count for the window (it only grows) and keeps the others' counts, merged by
-// taking the largest count seen per instance, so a value overwritten by a concurrent writer
-// heals at the next sync, and the fleet's count is the sum. The seed's Worker reads such a value
+// Each key's value is {"window":W,"count":SUM,"instances":{"<id>":n,...},"at":MS}: every
+// instance writes its own count for the window (it only grows) and keeps the others' counts,
+// merged by taking the largest count seen per instance, and the fleet's count is the sum. at is
+// when the writer composed the value (Unix milliseconds). A value overwritten by a writer that
+// composed its own later without having seen ours heals at the next sync; a read that merely
+// does not show our write yet (Workers KV takes up to a minute to show one, and caches "not
+// found" as long) is not taken for a loss until our write is a minute old, so that a key written
+// once is not written again at every sync meanwhile. The seed's Worker reads such a value
 // as {"window","count"}. [Synced.Increment] returns this instance's exact count plus the latest
 // counts it knows of the others.
 //
@@ -94,6 +98,10 @@ const (
 	syncShards = 32
 	// minWriteGap is Workers KV's limit of one write per second per key.
 	minWriteGap = int64(time.Second)
+	// visibleAfter is how long Workers KV may take to show a write to reads elsewhere (about a
+	// minute; "not found" answers are cached as long). Until then, a read that does not show a
+	// write does not prove it lost.
+	visibleAfter = int64(time.Minute)
 	// seedInstance names, in the instances map, the count of a writer that left no instances
 	// of its own: the seed's Worker sharing the namespace.
 	seedInstance = "_seed"
@@ -115,6 +123,7 @@ type entry struct {
 	remote    map[string]int64 // the other instances' counts, largest seen
 	remoteSum int64
 	written   int64 // local count Cloudflare accepted last
+	writtenAt int64 // the at of that write's value, Unix milliseconds
 	lastWrite int64 // Unix nanoseconds
 	lastRead  int64 // Unix nanoseconds; 0 when never read
 	readAt    int64 // local count at the last read
@@ -272,6 +281,8 @@ type syncedValue struct {
 	Window    *int64           `json:"window"`
 	Count     *int64           `json:"count"`
 	Instances map[string]int64 `json:"instances,omitempty"`
+	// At is when the writer composed the value, Unix milliseconds of its clock.
+	At *int64 `json:"at,omitempty"`
 }
 
 type readJob struct {
@@ -285,6 +296,7 @@ type writeJob struct {
 	key    string
 	window int64
 	local  int64
+	at     int64 // the value's At
 }
 
 // Sync reconciles with KV once: it reads the keys that matter, then writes the counts that
@@ -406,10 +418,11 @@ func (s *Synced) read(ctx context.Context, job readJob) error {
 	if e == nil || e.window != job.window {
 		return nil // the window moved on while we read
 	}
-	e.lastRead, e.readAt = s.now().UnixNano(), e.local
+	now := s.now().UnixNano()
+	e.lastRead, e.readAt = now, e.local
 	if v.Window == nil || *v.Window != e.window {
-		if e.written > 0 && !found {
-			e.written = 0 // our write is not there (lost, or not yet visible): write again
+		if e.written > 0 && e.lost(v.At, now) {
+			e.written = 0 // our write of this window is not there: write again
 		}
 		return nil
 	}
@@ -427,10 +440,20 @@ func (s *Synced) read(ctx context.Context, job readJob) error {
 			e.setRemote(id, n)
 		}
 	}
-	if mine := v.Instances[s.id]; mine < e.written {
+	if mine := v.Instances[s.id]; mine < e.written && e.lost(v.At, now) {
 		e.written = mine // our count was overwritten by a writer that had not seen it
 	}
 	return nil
+}
+
+// lost reports whether a read at now, of a value composed at at (nil if unknown) that does not
+// show this instance's last write, means that the write is lost and must be made again. A value
+// composed after ours overwrote it without having seen it; an older one may be a read from
+// before our write became visible, which proves nothing until visibleAfter has passed. Writing
+// again at every sync until then would cost a write per sync for every key written lately,
+// most of them for nothing. (A write composed before ours that lands after it heals late.)
+func (e *entry) lost(at *int64, now int64) bool {
+	return at != nil && *at > e.writtenAt || now-e.lastWrite >= visibleAfter
 }
 
 func (e *entry) setRemote(id string, n int64) {
@@ -462,12 +485,13 @@ func (s *Synced) write(ctx context.Context, calls int) (made int, err error) {
 			}
 			counts[s.id] = e.local
 			total := e.local + e.remoteSum
-			value, err := json.Marshal(syncedValue{Window: &e.window, Count: &total, Instances: counts})
+			at := now / int64(time.Millisecond)
+			value, err := json.Marshal(syncedValue{Window: &e.window, Count: &total, Instances: counts, At: &at})
 			if err != nil {
 				sh.mu.Unlock()
 				return 0, fmt.Errorf("cloudflarekv: encoding %q: %w", k, err)
 			}
-			jobs = append(jobs, writeJob{key: k, window: e.window, local: e.local})
+			jobs = append(jobs, writeJob{key: k, window: e.window, local: e.local, at: at})
 			pairs = append(pairs, cloudflare.WorkersKVPair{Key: k, Value: string(value), ExpirationTTL: ttlSeconds(e.ttl)})
 		}
 		sh.mu.Unlock()
@@ -508,7 +532,7 @@ func (s *Synced) markWritten(jobs []writeJob, failed []string, now int64) {
 		sh.mu.Lock()
 		if e := sh.m[j.key]; e != nil && e.window == j.window {
 			e.written = max(e.written, j.local)
-			e.lastWrite = now
+			e.writtenAt, e.lastWrite = j.at, now
 		}
 		sh.mu.Unlock()
 	}

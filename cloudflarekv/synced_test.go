@@ -141,27 +141,82 @@ func TestSyncedMergesInstancesAndKeepsSeedFormat(t *testing.T) {
 
 // b writes without having seen a's count (a lost update); a notices its count is missing at
 // its next read and writes it again.
+// A value composed after ours by a writer that had not seen ours overwrote it: the next sync
+// writes it again.
 func TestSyncedLostUpdateHeals(t *testing.T) {
 	clock := newFakeClock(t0)
 	f := newFakeAPI(clock)
 	defer f.Close()
-	a, b := newTestSynced(t, f, "a"), newTestSynced(t, f, "b")
+	a := newTestSynced(t, f, "a")
 	ctx := context.Background()
 	for range 4 {
 		a.Increment(ctx, burstKey, t0, 2*time.Minute)
-		b.Increment(ctx, burstKey, t0, 2*time.Minute)
 	}
-	// b syncs first (nothing there yet) but its write lands after a's.
-	require.NoError(t, b.Sync(ctx))
 	clock.Advance(time.Second)
-	require.NoError(t, a.Sync(ctx)) // reads b=4, writes a=4,b=4
-	f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4}}`, t0.Unix()), 2*time.Minute)
+	require.NoError(t, a.Sync(ctx)) // writes a=4
+	require.Equal(t, map[string]int64{"a": 4}, decodeValue(t, f, burstKey).Instances)
+	// b composes its value a second later, from a read that did not show a's write yet.
+	clock.Advance(time.Second)
+	f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4},"at":%d}`, t0.Unix(), clock.Now().UnixMilli()), 2*time.Minute)
 
 	clock.Advance(time.Second)
-	require.NoError(t, a.Sync(ctx)) // reads: a missing -> writes again
+	require.NoError(t, a.Sync(ctx)) // reads b=4 and no a, in a later value: writes again
 	v := decodeValue(t, f, burstKey)
 	require.Equal(t, map[string]int64{"a": 4, "b": 4}, v.Instances)
 	require.EqualValues(t, 8, *v.Count)
+}
+
+// A value composed before ours that lands after it (or a reader's stale view) looks the same
+// as a read from before our write became visible: the write is made again once it is a minute
+// old, when Workers KV would have shown it.
+func TestSyncedLostUpdateOfAnOlderValueHealsAfterAMinute(t *testing.T) {
+	clock := newFakeClock(t0)
+	f := newFakeAPI(clock)
+	defer f.Close()
+	a := newTestSynced(t, f, "a")
+	ctx := context.Background()
+	const ttl = 10 * time.Minute // a five-minute window
+	for range 4 {
+		a.Increment(ctx, burstKey, t0, ttl)
+	}
+	composed := clock.Now().UnixMilli()
+	clock.Advance(time.Second)
+	require.NoError(t, a.Sync(ctx)) // writes a=4
+	f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4},"at":%d}`, t0.Unix(), composed), ttl)
+
+	for range 5 { // syncs 10 s apart, up to 51 s after the write
+		clock.Advance(10 * time.Second)
+		require.NoError(t, a.Sync(ctx))
+		require.Equal(t, map[string]int64{"b": 4}, decodeValue(t, f, burstKey).Instances, "not yet a minute")
+	}
+	clock.Advance(10 * time.Second)
+	require.NoError(t, a.Sync(ctx))
+	v := decodeValue(t, f, burstKey)
+	require.Equal(t, map[string]int64{"a": 4, "b": 4}, v.Instances)
+	require.EqualValues(t, 8, *v.Count)
+}
+
+// Workers KV may take a minute to show a write to reads, and caches "not found" as long: a key
+// written once, with no new requests, is not written again at every sync meanwhile.
+func TestSyncedDoesNotRewriteWhatReadsDoNotShowYet(t *testing.T) {
+	for _, lag := range []time.Duration{0, 30 * time.Second, time.Minute} {
+		t.Run(lag.String(), func(t *testing.T) {
+			clock := newFakeClock(t0)
+			f := newFakeAPI(clock)
+			defer f.Close()
+			f.set(func(f *fakeAPI) { f.readLag = lag })
+			a := newTestSynced(t, f, "a")
+			ctx := context.Background()
+			a.Increment(ctx, burstKey, t0, 10*time.Minute)
+			for range 18 { // three minutes of syncs, 10 s apart
+				clock.Advance(10 * time.Second)
+				require.NoError(t, a.Sync(ctx))
+			}
+			st := a.Stats()
+			require.EqualValues(t, 1, st.PairsWritten, "one request, one write")
+			require.EqualValues(t, 18, st.Reads)
+		})
+	}
 }
 
 // A second write to a key within a second is refused by Workers KV; in a bulk write the key comes
