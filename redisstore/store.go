@@ -65,6 +65,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -196,8 +197,10 @@ func (s *Store) Prefix() string { return s.prefix }
 // Increment implements [ratelimit.Counter]: it adds one to the count of key in the window that
 // starts at window, sets the counter to expire ttl from now, and returns the count including
 // this call, in one round trip. ttl must be positive (the limiter passes twice the window); it
-// is rounded up to whole milliseconds. Increment returns when ctx is done, at the latest, if the
-// client honours deadlines.
+// is rounded up to whole milliseconds. Increment returns when ctx's deadline passes, at the
+// latest, if the client honours deadlines (ContextTimeoutEnabled): go-redis applies a context's
+// deadline to the connection, but a context cancelled without one does not stop a blocked read
+// before ReadTimeout. The limiter always passes a deadline ([ratelimit.Options.StoreTimeout]).
 //
 // After Redis restarts, or its script cache is flushed, the first call on each connection's
 // server loads the script again (EVALSHA answers NOSCRIPT, and EVAL follows); nothing else is
@@ -236,7 +239,9 @@ func (s *Store) Put(ctx context.Context, key string, value []byte, ttl time.Dura
 	if ttl <= 0 {
 		err = s.client.Del(ctx, k).Err()
 	} else {
-		err = s.client.Set(ctx, k, value, time.Duration(ceilMillis(ttl))*time.Millisecond).Err()
+		// go-redis takes a Duration: whole milliseconds that still fit in one.
+		ms := min(ceilMillis(ttl), math.MaxInt64/int64(time.Millisecond))
+		err = s.client.Set(ctx, k, value, time.Duration(ms)*time.Millisecond).Err()
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: put %q: %w", k, err)
@@ -263,7 +268,13 @@ func (s *Store) counterKey(key string, window time.Time) string {
 	return string(buf)
 }
 
-// ceilMillis rounds d up to whole milliseconds, the resolution of PEXPIRE and SET PX.
+// ceilMillis rounds d up to whole milliseconds, the resolution of PEXPIRE and SET PX. A positive
+// d stays positive: rounding up near the largest Duration ("forever") must not wrap around into
+// a negative PEXPIRE, which would delete the counter, or into a SET without an expiry.
 func ceilMillis(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
 }

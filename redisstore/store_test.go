@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -229,6 +230,28 @@ func TestIncrementSetsExpiryOnEveryKey(t *testing.T) {
 	pttl, err := raw.PTTL(ctx, prefix+"stale:1800000000").Result()
 	require.NoError(t, err)
 	require.Greater(t, pttl, ttl-time.Minute)
+}
+
+// A TTL near the largest Duration ("forever") rounds up to milliseconds without wrapping into a
+// negative PEXPIRE, which would delete the counter at every call, or a SET without an expiry.
+func TestHugeTTLKeepsCountingAndExpiring(t *testing.T) {
+	addr := sharedAddr(t)
+	prefix := testPrefix(t, addr)
+	s := newStore(t, addr, redisstore.WithPrefix(prefix))
+	raw := newClient(t, addr)
+	ctx := context.Background()
+	const forever = time.Duration(math.MaxInt64)
+	for want := int64(1); want <= 3; want++ {
+		n, err := s.Increment(ctx, "k", fixedNow, forever)
+		require.NoError(t, err)
+		require.Equal(t, want, n)
+	}
+	require.NoError(t, s.Put(ctx, "v", []byte("x"), forever))
+	for _, k := range scanKeys(t, ctx, raw, prefix) {
+		pttl, err := raw.PTTL(ctx, k).Result()
+		require.NoError(t, err)
+		require.Greater(t, pttl, time.Duration(0), "key %q has no expiry", k)
+	}
 }
 
 func TestIncrementRejectsNonPositiveTTL(t *testing.T) {

@@ -26,6 +26,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -129,7 +130,7 @@ func run(addr string, demo, plain bool, instances int) error {
 			req := httptest.NewRequest(http.MethodPost, "/login", nil)
 			req.RemoteAddr = "192.0.2.10:40000" // a documentation address: one client
 			handler.ServeHTTP(rec, req)
-			fmt.Printf("login %2d: %d %s RateLimit: %s\n", i, rec.Code, http.StatusText(rec.Code), rec.Header().Get("RateLimit"))
+			fmt.Printf("login %2d: %d %s RateLimit: %s\n", i, rec.Code, http.StatusText(rec.Code), strings.Join(rec.Header().Values("RateLimit"), ", "))
 		}
 		if syncNow != nil {
 			syncCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
