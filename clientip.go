@@ -29,9 +29,7 @@ func RemoteAddrIP(r *http.Request) (netip.Addr, bool) {
 // on Cloudflare Workers, where only the edge can reach the code: CF-Connecting-IP when the
 // request holds exactly one valid one (or CF-Connecting-IPv6 when CF-Connecting-IP is absent or a
 // pseudo IPv4 address, by the rule of [TrustedProxies.ClientIP]), else the rightmost
-// X-Forwarded-For entry (the one the edge added) when it is an address (CF-Connecting-IPv6
-// instead when that entry is a pseudo IPv4 address, as in [TrustedProxies.ClientIP]), else
-// [RemoteAddrIP].
+// X-Forwarded-For entry (the one the edge added) when it is an address, else [RemoteAddrIP].
 // Unlike the seed it never takes the leftmost entry, which the client writes itself even when the
 // edge appends to the header. It reads the headers even when RemoteAddr is not an IP address (a
 // Unix socket).
@@ -215,11 +213,12 @@ func parseProxyList(s string) (ProxyOptions, []error) {
 //     address that is not a trusted proxy is the client. An address reported by a Cloudflare hop
 //     is the client even when it is itself in Cloudflare's ranges (a Worker's subrequest comes
 //     from there, and skipping it would let the Worker's author choose the key); this agrees
-//     with CF-Connecting-IP. When the client found is a pseudo IPv4 address (240.0.0.0/4: no
-//     proxy sees a connection from there, so Cloudflare's Pseudo IPv4 in "Overwrite headers"
-//     mode wrote it, into X-Forwarded-For as well), a CF-Connecting-IPv6 of one line holding an
-//     IPv6 address is the client instead, as in step 2. This keeps the /64 grouping of IPv6
-//     clients behind Cloudflare and a proxy of yours, or Cloudflare Tunnel.
+//     with CF-Connecting-IP. When the client found is a pseudo IPv4 address (240.0.0.0/4) that
+//     a Cloudflare hop reported, Cloudflare's Pseudo IPv4 in "Overwrite headers" mode wrote it,
+//     into X-Forwarded-For as well: a CF-Connecting-IPv6 of one line holding an IPv6 address is
+//     the client instead, as in step 2. This keeps the /64 grouping of IPv6 clients behind
+//     Cloudflare and a proxy of yours. Such an address reported by a proxy of yours is believed
+//     as it is: some networks give hosts real addresses there.
 //  4. The walk stops at an entry that is not an address ("unknown", an obfuscated name, garbage,
 //     longer than an address can be), after [MaxForwardedHops] entries or [MaxForwardedBytes]
 //     bytes, and at the left end of the list. The client is then the last trusted hop reached:
@@ -271,13 +270,14 @@ func resolveClientIP(t *TrustedProxies, anyPeer bool, r *http.Request) (netip.Ad
 			return a, true
 		}
 	}
-	client, reported := walkForwarded(t, r.Header[headerXForwardedFor], peer, kind == cloudflareHop)
-	// No proxy sees a connection from 240.0.0.0/4: a hop that reports one passes on Cloudflare's
-	// Pseudo IPv4 in "Overwrite headers" mode, which writes its made-up address into
-	// X-Forwarded-For as well, and the real one into CF-Connecting-IPv6. This holds behind a
-	// proxy of yours (Cloudflare, then a load balancer; Cloudflare Tunnel), where
-	// CF-Connecting-IP is not read.
-	if reported && pseudoIPv4.Contains(client) {
+	client, byCloudflare := walkForwarded(t, r.Header[headerXForwardedFor], peer, kind == cloudflareHop)
+	// Cloudflare's Pseudo IPv4 in "Overwrite headers" mode writes its made-up address into
+	// X-Forwarded-For as well, and the real one into CF-Connecting-IPv6: behind a proxy of
+	// yours, where CF-Connecting-IP is not read, the walk finds the made-up one. Only a Cloudflare
+	// hop's report is taken for one: some networks give hosts real addresses in 240.0.0.0/4, and
+	// a proxy of yours that reports one may pass on a CF-Connecting-IPv6 that the client wrote.
+	// (Where CF-Connecting-IP is believed from every peer, step 2 has already applied the rule.)
+	if byCloudflare && pseudoIPv4.Contains(client) {
 		if a, ok := cfConnectingIPv6(r.Header); ok {
 			return a, true
 		}
@@ -326,11 +326,10 @@ func cfConnectingIPv6(h http.Header) (netip.Addr, bool) {
 }
 
 // walkForwarded walks the X-Forwarded-For lines from the right, starting at the trusted peer
-// client, as [TrustedProxies.ClientIP] describes. reported is true when the client is an entry
-// that a trusted hop reported, and false when the walk ended on a trusted hop (the peer, or one
-// further left). It does not allocate for valid entries and examines at most MaxForwardedHops
-// entries and MaxForwardedBytes bytes.
-func walkForwarded(t *TrustedProxies, lines []string, client netip.Addr, fromCloudflare bool) (_ netip.Addr, reported bool) {
+// client, as [TrustedProxies.ClientIP] describes. byCloudflare tells that a Cloudflare hop
+// reported the client found. It does not allocate for valid entries and examines at most
+// MaxForwardedHops entries and MaxForwardedBytes bytes.
+func walkForwarded(t *TrustedProxies, lines []string, client netip.Addr, fromCloudflare bool) (_ netip.Addr, byCloudflare bool) {
 	hops, budget := MaxForwardedHops, MaxForwardedBytes
 	for i := len(lines) - 1; i >= 0; i-- {
 		line := lines[i]
@@ -360,7 +359,7 @@ func walkForwarded(t *TrustedProxies, lines []string, client netip.Addr, fromClo
 				}
 				kind := t.classify(a)
 				if kind == untrustedHop {
-					return a, true
+					return a, false
 				}
 				client, fromCloudflare = a, kind == cloudflareHop
 			}

@@ -361,16 +361,18 @@ func TestCloudflareIPv6HeaderRuleClientIP(t *testing.T) {
 
 // TestPseudoIPv4InForwardedClientIP covers Cloudflare's Pseudo IPv4 in "Overwrite headers" mode
 // behind a proxy of the user's, where CF-Connecting-IP is not read: Cloudflare writes its made-up
-// address into X-Forwarded-For too, and the client is then CF-Connecting-IPv6.
+// address into X-Forwarded-For too, and the client is then CF-Connecting-IPv6, when a Cloudflare
+// hop reported the address (or, with TrustCFConnectingIP, any trusted hop).
 func TestPseudoIPv4InForwardedClientIP(t *testing.T) {
 	const (
 		v6      = "2001:db8:1:2::7"
 		pseudo4 = "240.16.0.1"
 	)
 	chain := cipDefaultProxies(t).ClientIP // Cloudflare, then the user's proxies in 10.0.0.0/8
-	tunnel := cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{
-		netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128"),
-	}}).ClientIP
+	loopback := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")}
+	tunnel := cipProxies(t, ProxyOptions{Prefixes: loopback, TrustCFConnectingIP: true}).ClientIP
+	localProxy := cipProxies(t, ProxyOptions{Prefixes: loopback}).ClientIP
+	ingress := cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}).ClientIP
 	// A (strange) proxy of the user's inside 240.0.0.0/4: its own address is no pseudo address.
 	classE := cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{netip.MustParsePrefix("240.1.0.0/16")}}).ClientIP
 	tests := []struct {
@@ -383,15 +385,17 @@ func TestPseudoIPv4InForwardedClientIP(t *testing.T) {
 		{"Cloudflare then a proxy: IPv6 used", chain, "10.0.0.1:5555", []string{xff, "1.1.1.1, " + pseudo4 + ", 172.64.0.1", cfh, pseudo4, cfh6, v6}, v6},
 		{"Cloudflare then a proxy, no CF-Connecting-IP: IPv6 used", chain, "10.0.0.1:5555", []string{xff, pseudo4 + ", 172.64.0.1", cfh6, v6}, v6},
 		{"Cloudflare then two proxies: IPv6 used", chain, "10.0.0.1:5555", []string{xff, pseudo4 + ", 172.64.0.1, 10.0.0.2", cfh6, v6}, v6},
-		{"Tunnel: IPv6 used", tunnel, "127.0.0.1:5555", []string{xff, pseudo4, cfh, pseudo4, cfh6, v6}, v6},
-		{"Tunnel over IPv6 loopback: IPv6 used", tunnel, "[::1]:5555", []string{xff, pseudo4, cfh6, v6}, v6},
+		{"Tunnel, TrustCFConnectingIP: IPv6 used", tunnel, "127.0.0.1:5555", []string{xff, pseudo4, cfh, pseudo4, cfh6, v6}, v6},
+		{"Tunnel, TrustCFConnectingIP, no CF-Connecting-IP: IPv6 used", tunnel, "[::1]:5555", []string{xff, pseudo4, cfh6, v6}, v6},
+		{"a proxy of yours reports a 240.0.0.0/4 address: taken as it is", localProxy, "127.0.0.1:5555", []string{xff, pseudo4, cfh, pseudo4, cfh6, v6}, pseudo4},
+		{"an ingress reports a host's real 240.0.0.0/4 address: taken as it is", ingress, "10.0.0.1:5555", []string{xff, "240.10.0.5", cfh6, v6}, "240.10.0.5"},
 		{"any peer: IPv6 used", HeadersFromAnyPeerIP, "203.0.113.9:5555", []string{xff, "1.1.1.1, " + pseudo4, cfh6, v6}, v6},
 		{"pseudo address, no IPv6 header: pseudo address", chain, "10.0.0.1:5555", []string{xff, pseudo4 + ", 172.64.0.1"}, pseudo4},
 		{"pseudo address, two IPv6 lines: pseudo address", tunnel, "127.0.0.1:5555", []string{xff, pseudo4, cfh6, v6, cfh6, "2001:db8:9::9"}, pseudo4},
 		{"pseudo address, IPv6 header holding IPv4: pseudo address", tunnel, "127.0.0.1:5555", []string{xff, pseudo4, cfh6, "198.51.100.7"}, pseudo4},
 		{"pseudo address, invalid IPv6 header: pseudo address", tunnel, "127.0.0.1:5555", []string{xff, pseudo4, cfh6, "nope"}, pseudo4},
 		{"real address: IPv6 header ignored", chain, "10.0.0.1:5555", []string{xff, "198.51.100.1, 172.64.0.1", cfh6, v6}, "198.51.100.1"},
-		{"real address through a tunnel: IPv6 header ignored", tunnel, "127.0.0.1:5555", []string{xff, "198.51.100.1", cfh6, v6}, "198.51.100.1"},
+		{"real address through a proxy of yours: IPv6 header ignored", localProxy, "127.0.0.1:5555", []string{xff, "198.51.100.1", cfh6, v6}, "198.51.100.1"},
 		{"walk stopped at a trusted hop: IPv6 header ignored", chain, "10.0.0.1:5555", []string{xff, pseudo4 + ", unknown", cfh6, v6}, "10.0.0.1"},
 		{"untrusted peer: IPv6 header ignored", chain, "203.0.113.9:5555", []string{xff, pseudo4, cfh6, v6}, "203.0.113.9"},
 		{"trusted peer inside 240.0.0.0/4, no entry: the peer", classE, "240.1.0.1:5555", []string{cfh6, v6}, "240.1.0.1"},
@@ -676,9 +680,10 @@ func TestSpoofableRegression_CFConnectingIPv6WithRealIPv4(t *testing.T) {
 
 // TestSpoofableRegression_PseudoIPv4BehindAProxy: with Pseudo IPv4 set to "Overwrite headers",
 // the addresses of one /64 get made-up IPv4 addresses of their own in X-Forwarded-For. Behind
-// Cloudflare and a proxy of the user's, or Cloudflare Tunnel, they must still share one budget.
+// Cloudflare and a proxy of the user's, or Cloudflare Tunnel as the README sets it up for this
+// mode, they must still share one budget.
 func TestSpoofableRegression_PseudoIPv4BehindAProxy(t *testing.T) {
-	tunnel := cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
+	tunnel := cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, TrustCFConnectingIP: true})
 	for _, tc := range []struct {
 		name, peer, edge string
 		clientIP         ClientIPFunc
@@ -697,6 +702,17 @@ func TestSpoofableRegression_PseudoIPv4BehindAProxy(t *testing.T) {
 			}, request("240.16.0.99", "2001:db8:1:3::1"))
 		})
 	}
+}
+
+// TestSpoofableRegression_ClassEHostBehindAnIngress: some networks (GCP subnets, GKE pods) give
+// hosts real addresses in 240.0.0.0/4. Such a host behind an ingress of the user's that passes
+// client headers on must not choose its key with a CF-Connecting-IPv6 of its own.
+func TestSpoofableRegression_ClassEHostBehindAnIngress(t *testing.T) {
+	ingress := cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
+	h := cipLimiter(t, ingress.ClientIP)
+	requireNoFreshBudget(t, h, func(i int) *http.Request {
+		return cipRequest("10.0.0.1:5555", xff, "240.10.0.5", cfh6, "2001:db8:"+strconv.Itoa(i+1)+"::1")
+	}, cipRequest("10.0.0.1:5555", xff, "240.10.0.6", cfh6, "2001:db8:1::1"))
 }
 
 func TestSpoofableRegression_IPv6RotationWithinSlash64ClientIP(t *testing.T) {

@@ -93,9 +93,9 @@ func expiry(now, ttl int64) int64 {
 //
 // A request for the window just before the live count's (its goroutine read the clock just
 // before the window turned, or its layer's clock lags) counts in the newer window: resetting it
-// would restart the newer window's count, and let the request through over the older window's
-// limit. (A counter keeps one window only; this errs towards denying.) Windows are ttl/2 long.
-// Any other window replaces the count.
+// would restart the newer window's count. (A counter keeps one window only. The request passes
+// if the newer window has room, even when its own was full.) Windows are ttl/2 long. Any other
+// window replaces the count.
 func (e *counterEntry) add(window, ttl, now int64, full fullMark) (int64, bool) {
 	e.mu.Lock()
 	if e.expires == removedEntry {

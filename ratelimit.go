@@ -403,7 +403,8 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 		return l.result(l.mem.incrementFound(c, start*int64(time.Second), l.ttl, now, full), reset), nil
 	}
 	deniedKey := counterKeyOfBytes(l.denied.seedsOf(), key)
-	if _, denied := l.denied.peek(deniedKey, start); denied {
+	// Windows in Unix nanoseconds, as every MemoryKV counter keeps them.
+	if _, denied := l.denied.peek(deniedKey, start*int64(time.Second)); denied {
 		return l.result(l.max+1, reset), nil
 	}
 	// The client's going away must not cancel the count: a client that resets its stream after
@@ -417,7 +418,7 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 	}
 	res := l.result(count, reset)
 	if !res.Allowed {
-		l.denied.incrementAt(deniedKey, start, reset, l.denied.clock(), 0)
+		l.denied.incrementAt(deniedKey, start*int64(time.Second), reset, l.denied.clock(), 0)
 	}
 	return res, err
 }

@@ -830,8 +830,6 @@ func TestClientGoingAwayIsStillCounted(t *testing.T) {
 	require.Zero(t, reported.Load(), "a client going away is not a store failure")
 }
 
-// Go's ServeMux and chi route on the escaped path, where "%2F" is no "/" and "%2E%2E" no "..":
-// a path that cleans to an exempt one when decoded, but routes to a limited handler, is counted.
 // TestRequestWithoutURLIsCounted: net/http never serves a request without a URL, but a
 // hand-built one passed to Allow or a handler must not panic the path filter; in doubt, it is
 // counted, by every layer.
@@ -853,6 +851,8 @@ func TestRequestWithoutURLIsCounted(t *testing.T) {
 	}
 }
 
+// Go's ServeMux and chi route on the escaped path, where "%2F" is no "/" and "%2E%2E" no "..":
+// a path that cleans to an exempt one when decoded, but routes to a limited handler, is counted.
 func TestEscapedPathsCannotDodgeTheFilter(t *testing.T) {
 	tests := []struct {
 		name, route, target string

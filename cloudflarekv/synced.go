@@ -27,10 +27,11 @@ var ErrClosed = errors.New("cloudflarekv: store closed")
 // instance writes its own count for the window (it only grows) and keeps the others' counts,
 // merged by taking the largest count seen per instance, and the fleet's count is the sum. at is
 // when the writer composed the value (Unix milliseconds). A value overwritten by a writer that
-// composed its own later without having seen ours heals at the next sync; a read that merely
-// does not show our write yet (Workers KV takes up to a minute to show one, and caches "not
-// found" as long) is not taken for a loss until our write is a minute old, so that a key written
-// once is not written again at every sync meanwhile. The seed's Worker reads such a value
+// composed its own later without having seen ours (or that does not say when it composed it)
+// heals at the next sync; a read that merely does not show our write yet (Workers KV takes up
+// to a minute to show one, and caches "not found" as long) is not taken for a loss until our
+// write is a minute old, or half a window old in a shorter window, so that a key written once
+// is not written again at every sync meanwhile. The seed's Worker reads such a value
 // as {"window","count"}. [Synced.Increment] returns this instance's exact count plus the latest
 // counts it knows of the others.
 //
@@ -102,6 +103,10 @@ const (
 	// minute; "not found" answers are cached as long). Until then, a read that does not show a
 	// write does not prove it lost.
 	visibleAfter = int64(time.Minute)
+	// maxRemoteCount caps each count read from KV. Counts past any sensible limit mean the same,
+	// and the sum of the counts of as many instances as a value can hold then stays far from
+	// overflowing.
+	maxRemoteCount = 1 << 32
 	// seedInstance names, in the instances map, the count of a writer that left no instances
 	// of its own: the seed's Worker sharing the namespace.
 	seedInstance = "_seed"
@@ -407,7 +412,7 @@ func (s *Synced) read(ctx context.Context, job readJob) error {
 	s.reads.Add(1)
 	var v syncedValue
 	if found {
-		if err := json.Unmarshal(raw, &v); err != nil || v.Window == nil || v.Count == nil {
+		if err := json.Unmarshal(raw, &v); err != nil || v.Window == nil || v.Count == nil || *v.Count < 0 {
 			v = syncedValue{} // not a counter value: it will be overwritten by our next write
 		}
 	}
@@ -421,7 +426,7 @@ func (s *Synced) read(ctx context.Context, job readJob) error {
 	now := s.now().UnixNano()
 	e.lastRead, e.readAt = now, e.local
 	if v.Window == nil || *v.Window != e.window {
-		if e.written > 0 && e.lost(v.At, now) {
+		if e.written > 0 && e.lost(found, v.At, now) {
 			e.written = 0 // our write of this window is not there: write again
 		}
 		return nil
@@ -440,23 +445,35 @@ func (s *Synced) read(ctx context.Context, job readJob) error {
 			e.setRemote(id, n)
 		}
 	}
-	if mine := v.Instances[s.id]; mine < e.written && e.lost(v.At, now) {
+	if mine := v.Instances[s.id]; mine < e.written && e.lost(found, v.At, now) {
 		e.written = mine // our count was overwritten by a writer that had not seen it
 	}
 	return nil
 }
 
-// lost reports whether a read at now, of a value composed at at (nil if unknown) that does not
-// show this instance's last write, means that the write is lost and must be made again. A value
-// composed after ours overwrote it without having seen it; an older one may be a read from
-// before our write became visible, which proves nothing until visibleAfter has passed. Writing
-// again at every sync until then would cost a write per sync for every key written lately,
-// most of them for nothing. (A write composed before ours that lands after it heals late.)
-func (e *entry) lost(at *int64, now int64) bool {
-	return at != nil && *at > e.writtenAt || now-e.lastWrite >= visibleAfter
+// lost reports whether a read at now that does not show this instance's last write, of a value
+// found or not and composed at at (nil if the value does not say), means that the write is lost
+// and must be made again. A value composed after ours overwrote it without having seen it, and
+// so may one that does not say when (the seed's Worker, an older release of this package). An
+// older value, or none, may be a read from before our write became visible, which proves
+// nothing for a while: writing again at every sync meanwhile would cost a write per sync for
+// every key written lately, most of them for nothing.
+func (e *entry) lost(found bool, at *int64, now int64) bool {
+	if found && (at == nil || *at > e.writtenAt) {
+		return true
+	}
+	return now-e.lastWrite >= e.grace()
+}
+
+// grace is how long after a write a read that does not show it proves nothing: Workers KV's
+// delay before it shows a write (visibleAfter), but at most half the window, so that a write lost
+// in a short window is made again while the window lasts.
+func (e *entry) grace() int64 {
+	return min(visibleAfter, (e.end-e.window*int64(time.Second))/2)
 }
 
 func (e *entry) setRemote(id string, n int64) {
+	n = min(n, maxRemoteCount)
 	if e.remote == nil {
 		e.remote = make(map[string]int64)
 	}

@@ -168,53 +168,124 @@ func TestSyncedLostUpdateHeals(t *testing.T) {
 
 // A value composed before ours that lands after it (or a reader's stale view) looks the same
 // as a read from before our write became visible: the write is made again once it is a minute
-// old, when Workers KV would have shown it.
-func TestSyncedLostUpdateOfAnOlderValueHealsAfterAMinute(t *testing.T) {
+// old, when Workers KV would have shown it, or half a window old in a shorter window.
+func TestSyncedLostUpdateOfAnOlderValueHealsLater(t *testing.T) {
+	for _, tc := range []struct {
+		ttl   time.Duration // twice the window
+		grace time.Duration
+	}{
+		{10 * time.Minute, time.Minute},
+		{2 * time.Minute, 30 * time.Second},
+	} {
+		t.Run(tc.ttl.String(), func(t *testing.T) {
+			clock := newFakeClock(t0)
+			f := newFakeAPI(clock)
+			defer f.Close()
+			a := newTestSynced(t, f, "a")
+			ctx := context.Background()
+			for range 4 {
+				a.Increment(ctx, burstKey, t0, tc.ttl)
+			}
+			composed := clock.Now().UnixMilli()
+			clock.Advance(time.Second)
+			require.NoError(t, a.Sync(ctx)) // writes a=4
+			written := clock.Now()
+			f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4},"at":%d}`, t0.Unix(), composed), tc.ttl)
+
+			for clock.Now().Add(5*time.Second).Sub(written) < tc.grace {
+				clock.Advance(5 * time.Second)
+				require.NoError(t, a.Sync(ctx))
+				require.Equal(t, map[string]int64{"b": 4}, decodeValue(t, f, burstKey).Instances, "%v after the write", clock.Now().Sub(written))
+			}
+			clock.Set(written.Add(tc.grace))
+			require.NoError(t, a.Sync(ctx))
+			v := decodeValue(t, f, burstKey)
+			require.Equal(t, map[string]int64{"a": 4, "b": 4}, v.Instances)
+			require.EqualValues(t, 8, *v.Count)
+		})
+	}
+}
+
+// A value that does not say when it was composed (an instance on an older release of this
+// package) may have overwritten ours: the next sync writes it again.
+func TestSyncedLostUpdateByAnUndatedValueHeals(t *testing.T) {
 	clock := newFakeClock(t0)
 	f := newFakeAPI(clock)
 	defer f.Close()
 	a := newTestSynced(t, f, "a")
 	ctx := context.Background()
-	const ttl = 10 * time.Minute // a five-minute window
 	for range 4 {
-		a.Increment(ctx, burstKey, t0, ttl)
+		a.Increment(ctx, burstKey, t0, 2*time.Minute)
 	}
-	composed := clock.Now().UnixMilli()
 	clock.Advance(time.Second)
-	require.NoError(t, a.Sync(ctx)) // writes a=4
-	f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4},"at":%d}`, t0.Unix(), composed), ttl)
-
-	for range 5 { // syncs 10 s apart, up to 51 s after the write
-		clock.Advance(10 * time.Second)
-		require.NoError(t, a.Sync(ctx))
-		require.Equal(t, map[string]int64{"b": 4}, decodeValue(t, f, burstKey).Instances, "not yet a minute")
-	}
-	clock.Advance(10 * time.Second)
 	require.NoError(t, a.Sync(ctx))
-	v := decodeValue(t, f, burstKey)
-	require.Equal(t, map[string]int64{"a": 4, "b": 4}, v.Instances)
-	require.EqualValues(t, 8, *v.Count)
+	f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4}}`, t0.Unix()), 2*time.Minute)
+	clock.Advance(time.Second)
+	require.NoError(t, a.Sync(ctx))
+	require.Equal(t, map[string]int64{"a": 4, "b": 4}, decodeValue(t, f, burstKey).Instances)
+}
+
+// Counts in KV are whatever a writer put there: a huge one denies, and never wraps around into
+// an allowed request; a negative one is no count.
+func TestSyncedHugeStoredCounts(t *testing.T) {
+	for name, tc := range map[string]struct {
+		value   string
+		allowed bool
+	}{
+		"instance":             {`{"window":%d,"count":9223372036854775807,"instances":{"b":9223372036854775807,"c":9223372036854775807}}`, false},
+		"seed Worker":          {`{"window":%d,"count":9223372036854775807}`, false},
+		"negative seed Worker": {`{"window":%d,"count":-9223372036854775808}`, true},
+		"negative instance":    {`{"window":%d,"count":1,"instances":{"b":-9223372036854775808}}`, true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			clock := newFakeClock(t0)
+			f := newFakeAPI(clock)
+			defer f.Close()
+			a := newTestSynced(t, f, "a")
+			l := newTestLimiter(t, a, clock, 5)
+			res, err := l.Allow(clientRequest("203.0.113.7"))
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			require.NoError(t, a.Sync(context.Background())) // writes a=1
+			clock.Advance(time.Second)
+			f.store(burstKey, fmt.Sprintf(tc.value, t0.Unix()), 2*time.Minute)
+			clock.Advance(time.Second)
+			require.NoError(t, a.Sync(context.Background()))
+			res, err = l.Allow(clientRequest("203.0.113.7"))
+			require.NoError(t, err)
+			require.Equal(t, tc.allowed, res.Allowed, "%+v", res)
+		})
+	}
 }
 
 // Workers KV may take a minute to show a write to reads, and caches "not found" as long: a key
 // written once, with no new requests, is not written again at every sync meanwhile.
 func TestSyncedDoesNotRewriteWhatReadsDoNotShowYet(t *testing.T) {
-	for _, lag := range []time.Duration{0, 30 * time.Second, time.Minute} {
-		t.Run(lag.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		ttl, lag time.Duration
+	}{
+		{10 * time.Minute, 0},
+		{10 * time.Minute, 30 * time.Second},
+		{10 * time.Minute, time.Minute},
+		{2 * time.Minute, 30 * time.Second}, // a 60 s window: half of it before a write is doubted
+	} {
+		t.Run(fmt.Sprintf("window %v, read lag %v", tc.ttl/2, tc.lag), func(t *testing.T) {
 			clock := newFakeClock(t0)
 			f := newFakeAPI(clock)
 			defer f.Close()
-			f.set(func(f *fakeAPI) { f.readLag = lag })
+			f.set(func(f *fakeAPI) { f.readLag = tc.lag })
 			a := newTestSynced(t, f, "a")
 			ctx := context.Background()
-			a.Increment(ctx, burstKey, t0, 10*time.Minute)
-			for range 18 { // three minutes of syncs, 10 s apart
+			a.Increment(ctx, burstKey, t0, tc.ttl)
+			syncs := int64(0)
+			for clock.Now().Add(10 * time.Second).Before(t0.Add(min(tc.ttl/2, 3*time.Minute))) {
 				clock.Advance(10 * time.Second)
 				require.NoError(t, a.Sync(ctx))
+				syncs++
 			}
 			st := a.Stats()
 			require.EqualValues(t, 1, st.PairsWritten, "one request, one write")
-			require.EqualValues(t, 18, st.Reads)
+			require.Equal(t, syncs, st.Reads, "the key was read at every sync")
 		})
 	}
 }
