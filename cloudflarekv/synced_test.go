@@ -139,31 +139,43 @@ func TestSyncedMergesInstancesAndKeepsSeedFormat(t *testing.T) {
 	require.Equal(t, 30-8-1, res.Remaining, "a seed-format reader sees the count of 8")
 }
 
-// b writes without having seen a's count (a lost update); a notices its count is missing at
-// its next read and writes it again.
-// A value composed after ours by a writer that had not seen ours overwrote it: the next sync
-// writes it again.
-func TestSyncedLostUpdateHeals(t *testing.T) {
+// writtenOnce returns instance "a" after it counted 4 requests of burstKey at t0 in a window of
+// ttl/2 and wrote them, a second later, with the fake API and the clock, and the time of the
+// value it wrote (Unix milliseconds).
+func writtenOnce(t *testing.T, ttl time.Duration) (*fakeClock, *fakeAPI, *Synced, int64) {
+	t.Helper()
 	clock := newFakeClock(t0)
 	f := newFakeAPI(clock)
-	defer f.Close()
+	t.Cleanup(f.Close)
 	a := newTestSynced(t, f, "a")
-	ctx := context.Background()
 	for range 4 {
-		a.Increment(ctx, burstKey, t0, 2*time.Minute)
+		a.Increment(context.Background(), burstKey, t0, ttl)
 	}
 	clock.Advance(time.Second)
-	require.NoError(t, a.Sync(ctx)) // writes a=4
+	composed := clock.Now().UnixMilli()
+	require.NoError(t, a.Sync(context.Background()))
 	require.Equal(t, map[string]int64{"a": 4}, decodeValue(t, f, burstKey).Instances)
-	// b composes its value a second later, from a read that did not show a's write yet.
-	clock.Advance(time.Second)
-	f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4},"at":%d}`, t0.Unix(), clock.Now().UnixMilli()), 2*time.Minute)
+	return clock, f, a, composed
+}
 
-	clock.Advance(time.Second)
-	require.NoError(t, a.Sync(ctx)) // reads b=4 and no a, in a later value: writes again
+// requireHealed checks that the value holds a's count and b's again.
+func requireHealed(t *testing.T, f *fakeAPI) {
+	t.Helper()
 	v := decodeValue(t, f, burstKey)
 	require.Equal(t, map[string]int64{"a": 4, "b": 4}, v.Instances)
 	require.EqualValues(t, 8, *v.Count)
+}
+
+// A value composed after ours by a writer that had not seen ours overwrote it: the next sync
+// writes it again.
+func TestSyncedLostUpdateHeals(t *testing.T) {
+	clock, f, a, _ := writtenOnce(t, 2*time.Minute)
+	// b composes its value a second later, from a read that did not show a's write yet.
+	clock.Advance(time.Second)
+	f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4},"at":%d}`, t0.Unix(), clock.Now().UnixMilli()), 2*time.Minute)
+	clock.Advance(time.Second)
+	require.NoError(t, a.Sync(context.Background())) // reads b=4 and no a, in a later value
+	requireHealed(t, f)
 }
 
 // A value composed before ours that lands after it (or a reader's stale view) looks the same
@@ -178,30 +190,17 @@ func TestSyncedLostUpdateOfAnOlderValueHealsLater(t *testing.T) {
 		{2 * time.Minute, 30 * time.Second},
 	} {
 		t.Run(tc.ttl.String(), func(t *testing.T) {
-			clock := newFakeClock(t0)
-			f := newFakeAPI(clock)
-			defer f.Close()
-			a := newTestSynced(t, f, "a")
-			ctx := context.Background()
-			for range 4 {
-				a.Increment(ctx, burstKey, t0, tc.ttl)
-			}
-			composed := clock.Now().UnixMilli()
-			clock.Advance(time.Second)
-			require.NoError(t, a.Sync(ctx)) // writes a=4
+			clock, f, a, composed := writtenOnce(t, tc.ttl)
 			written := clock.Now()
-			f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4},"at":%d}`, t0.Unix(), composed), tc.ttl)
-
+			f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4},"at":%d}`, t0.Unix(), composed-1), tc.ttl)
 			for clock.Now().Add(5*time.Second).Sub(written) < tc.grace {
 				clock.Advance(5 * time.Second)
-				require.NoError(t, a.Sync(ctx))
+				require.NoError(t, a.Sync(context.Background()))
 				require.Equal(t, map[string]int64{"b": 4}, decodeValue(t, f, burstKey).Instances, "%v after the write", clock.Now().Sub(written))
 			}
 			clock.Set(written.Add(tc.grace))
-			require.NoError(t, a.Sync(ctx))
-			v := decodeValue(t, f, burstKey)
-			require.Equal(t, map[string]int64{"a": 4, "b": 4}, v.Instances)
-			require.EqualValues(t, 8, *v.Count)
+			require.NoError(t, a.Sync(context.Background()))
+			requireHealed(t, f)
 		})
 	}
 }
@@ -209,20 +208,11 @@ func TestSyncedLostUpdateOfAnOlderValueHealsLater(t *testing.T) {
 // A value that does not say when it was composed (an instance on an older release of this
 // package) may have overwritten ours: the next sync writes it again.
 func TestSyncedLostUpdateByAnUndatedValueHeals(t *testing.T) {
-	clock := newFakeClock(t0)
-	f := newFakeAPI(clock)
-	defer f.Close()
-	a := newTestSynced(t, f, "a")
-	ctx := context.Background()
-	for range 4 {
-		a.Increment(ctx, burstKey, t0, 2*time.Minute)
-	}
-	clock.Advance(time.Second)
-	require.NoError(t, a.Sync(ctx))
+	clock, f, a, _ := writtenOnce(t, 2*time.Minute)
 	f.store(burstKey, fmt.Sprintf(`{"window":%d,"count":4,"instances":{"b":4}}`, t0.Unix()), 2*time.Minute)
 	clock.Advance(time.Second)
-	require.NoError(t, a.Sync(ctx))
-	require.Equal(t, map[string]int64{"a": 4, "b": 4}, decodeValue(t, f, burstKey).Instances)
+	require.NoError(t, a.Sync(context.Background()))
+	requireHealed(t, f)
 }
 
 // Counts in KV are whatever a writer put there: a huge one denies, and never wraps around into

@@ -64,6 +64,15 @@ func sharedAddr(t *testing.T) string {
 	return addr
 }
 
+// prefixedStore returns a Store on the shared Redis under a prefix of the test's own, a raw
+// client to look at its keys, and the prefix.
+func prefixedStore(t *testing.T) (*redisstore.Store, *redis.Client, string) {
+	t.Helper()
+	addr := sharedAddr(t)
+	prefix := testPrefix(t, addr)
+	return newStore(t, addr, redisstore.WithPrefix(prefix)), newClient(t, addr), prefix
+}
+
 // testPrefix is a key prefix that belongs to this test alone, so that tests (and test runs)
 // sharing one Redis never see each other's keys. Its keys are deleted when the test ends.
 func testPrefix(t *testing.T, addr string) string {

@@ -114,10 +114,7 @@ func TestNewAcceptsClientsThatHonourDeadlines(t *testing.T) {
 }
 
 func TestIncrementCountsPerWindowInItsOwnKey(t *testing.T) {
-	addr := sharedAddr(t)
-	prefix := testPrefix(t, addr)
-	s := newStore(t, addr, redisstore.WithPrefix(prefix))
-	raw := newClient(t, addr)
+	s, raw, prefix := prefixedStore(t)
 	ctx := context.Background()
 	w1 := time.Unix(1_800_000_000, 0)
 	w2 := w1.Add(time.Minute)
@@ -183,10 +180,7 @@ func TestIncrementKeyNames(t *testing.T) {
 }
 
 func TestIncrementSetsExpiryOnEveryKey(t *testing.T) {
-	addr := sharedAddr(t)
-	prefix := testPrefix(t, addr)
-	s := newStore(t, addr, redisstore.WithPrefix(prefix))
-	raw := newClient(t, addr)
+	s, raw, prefix := prefixedStore(t)
 	ctx := context.Background()
 	const ttl = 2 * time.Minute
 	w := time.Unix(1_800_000_000, 0)
@@ -235,10 +229,7 @@ func TestIncrementSetsExpiryOnEveryKey(t *testing.T) {
 // A TTL near the largest Duration ("forever") rounds up to milliseconds without wrapping into a
 // negative PEXPIRE, which would delete the counter at every call, or a SET without an expiry.
 func TestHugeTTLKeepsCountingAndExpiring(t *testing.T) {
-	addr := sharedAddr(t)
-	prefix := testPrefix(t, addr)
-	s := newStore(t, addr, redisstore.WithPrefix(prefix))
-	raw := newClient(t, addr)
+	s, raw, prefix := prefixedStore(t)
 	ctx := context.Background()
 	const forever = time.Duration(math.MaxInt64)
 	for want := int64(1); want <= 3; want++ {
@@ -255,10 +246,7 @@ func TestHugeTTLKeepsCountingAndExpiring(t *testing.T) {
 }
 
 func TestIncrementRejectsNonPositiveTTL(t *testing.T) {
-	addr := sharedAddr(t)
-	prefix := testPrefix(t, addr)
-	s := newStore(t, addr, redisstore.WithPrefix(prefix))
-	raw := newClient(t, addr)
+	s, raw, prefix := prefixedStore(t)
 	for _, ttl := range []time.Duration{0, -time.Second} {
 		_, err := s.Increment(context.Background(), "k", fixedNow, ttl)
 		require.ErrorContains(t, err, "redisstore: increment")
@@ -268,10 +256,7 @@ func TestIncrementRejectsNonPositiveTTL(t *testing.T) {
 }
 
 func TestIncrementErrorSaysWhatFailed(t *testing.T) {
-	addr := sharedAddr(t)
-	prefix := testPrefix(t, addr)
-	s := newStore(t, addr, redisstore.WithPrefix(prefix))
-	raw := newClient(t, addr)
+	s, raw, prefix := prefixedStore(t)
 	ctx := context.Background()
 	key := prefix + "list:1800000000"
 	require.NoError(t, raw.RPush(ctx, key, "x").Err())
