@@ -69,7 +69,9 @@ const maxWindowSeconds = 365 * 24 * 60 * 60
 // documented default.
 type Options struct {
 	// Scope names the layer in its store keys ("ratelimit:{Scope}:{client}") and in its
-	// headers. Required: 1 to 64 letters, digits, '-', '_' or '.'.
+	// headers. Required: 1 to 64 letters, digits, '-', '_' or '.'. Layers that share a store and
+	// a scope share their counters, as in the seed: give each layer a scope of its own, or the
+	// same Window, since a counter keeps one window at a time.
 	Scope string
 	// Max is how many requests one client may make per window. Zero or less disables the
 	// layer: every request passes, uncounted.
