@@ -426,8 +426,10 @@ func (s *Synced) read(ctx context.Context, job readJob) error {
 	now := s.now().UnixNano()
 	e.lastRead, e.readAt = now, e.local
 	if v.Window == nil || *v.Window != e.window {
-		if e.written > 0 && e.lost(found, v.At, now) {
-			e.written = 0 // our write of this window is not there: write again
+		// Our write of this window is not there. A value of a later window (from a writer whose
+		// clock runs ahead) is left alone: writing ours again would replace it.
+		if e.written > 0 && (v.Window == nil || *v.Window < e.window) && e.lost(found, v.At, now) {
+			e.written = 0
 		}
 		return nil
 	}

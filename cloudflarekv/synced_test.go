@@ -215,6 +215,28 @@ func TestSyncedLostUpdateByAnUndatedValueHeals(t *testing.T) {
 	requireHealed(t, f)
 }
 
+// A value of a later window, undated (the seed's Worker, on a clock that runs ahead) or not,
+// is not replaced by writing ours again: only new requests here write this window's value.
+func TestSyncedLeavesALaterWindowsValueAlone(t *testing.T) {
+	for name, value := range map[string]string{
+		"undated": `{"window":%d,"count":3}`,
+		"dated":   `{"window":%d,"count":3,"instances":{"b":3},"at":9999999999999}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			clock, f, a, _ := writtenOnce(t, 2*time.Minute)
+			later := fmt.Sprintf(value, t0.Add(time.Minute).Unix())
+			f.store(burstKey, later, 2*time.Minute)
+			for range 5 {
+				clock.Advance(5 * time.Second)
+				require.NoError(t, a.Sync(context.Background()))
+			}
+			got, ok := f.value(burstKey)
+			require.True(t, ok)
+			require.Equal(t, later, got)
+		})
+	}
+}
+
 // Counts in KV are whatever a writer put there: a huge one denies, and never wraps around into
 // an allowed request; a negative one is no count.
 func TestSyncedHugeStoredCounts(t *testing.T) {
