@@ -27,11 +27,12 @@ var ErrClosed = errors.New("cloudflarekv: store closed")
 // instance writes its own count for the window (it only grows) and keeps the others' counts,
 // merged by taking the largest count seen per instance, and the fleet's count is the sum. at is
 // when the writer composed the value (Unix milliseconds). A value overwritten by a writer that
-// composed its own later without having seen ours (or that does not say when it composed it)
-// heals at the next sync; a read that merely does not show our write yet (Workers KV takes up
-// to a minute to show one, and caches "not found" as long) is not taken for a loss until our
-// write is a minute old, or half a window old in a shorter window, so that a key written once
-// is not written again at every sync meanwhile. The seed's Worker reads such a value
+// composed its own later without having seen ours (or, in the same window, that does not say
+// when it composed it) heals at the next sync. A read that may merely not show our write yet
+// (Workers KV takes up to a minute to show one, and caches "not found" as long) is not taken for
+// a loss so soon, so that a key written once is not written again at every sync meanwhile: no
+// value at all, until our write is a minute old; an older value, until it is a minute old or
+// half a window old, whichever comes first. The seed's Worker reads such a value
 // as {"window","count"}. [Synced.Increment] returns this instance's exact count plus the latest
 // counts it knows of the others.
 //
@@ -428,7 +429,7 @@ func (s *Synced) read(ctx context.Context, job readJob) error {
 	if v.Window == nil || *v.Window != e.window {
 		// Our write of this window is not there. A value of a later window (from a writer whose
 		// clock runs ahead) is left alone: writing ours again would replace it.
-		if e.written > 0 && (v.Window == nil || *v.Window < e.window) && e.lost(found, v.At, now) {
+		if e.written > 0 && (v.Window == nil || *v.Window < e.window) && e.lost(found, v, now) {
 			e.written = 0
 		}
 		return nil
@@ -447,21 +448,32 @@ func (s *Synced) read(ctx context.Context, job readJob) error {
 			e.setRemote(id, n)
 		}
 	}
-	if mine := v.Instances[s.id]; mine < e.written && e.lost(found, v.At, now) {
+	if mine := v.Instances[s.id]; mine < e.written && e.lost(found, v, now) {
 		e.written = mine // our count was overwritten by a writer that had not seen it
 	}
 	return nil
 }
 
-// lost reports whether a read at now that does not show this instance's last write, of a value
-// found or not and composed at at (nil if the value does not say), means that the write is lost
-// and must be made again. A value composed after ours overwrote it without having seen it, and
-// so may one that does not say when (the seed's Worker, an older release of this package). An
-// older value, or none, may be a read from before our write became visible, which proves
-// nothing for a while: writing again at every sync meanwhile would cost a write per sync for
-// every key written lately, most of them for nothing.
-func (e *entry) lost(found bool, at *int64, now int64) bool {
-	if found && (at == nil || *at > e.writtenAt) {
+// lost reports whether a read at now that does not show this instance's last write (v, when
+// found) means that the write is lost and must be made again:
+//
+//   - a value of this window that was composed after ours, or that does not say when (written
+//     by an older release of this package), overwrote ours without having seen it, and so did
+//     one of an older window composed after ours (by a writer whose clock runs behind);
+//   - no value at all is a read from before our write became visible: Workers KV caches "not
+//     found" for up to a minute, and nothing but the TTL (a minute at least) removes our key;
+//   - an older value (the seed Worker's of the last window, say) may be such a read too, or a
+//     write composed before ours that landed after it: it is doubted once our write is a minute
+//     old, or half a window old in a shorter window, so that it heals while the window lasts.
+//
+// Writing again at every sync meanwhile would cost a write per sync for every key written lately,
+// most of them for nothing.
+func (e *entry) lost(found bool, v syncedValue, now int64) bool {
+	ours := v.Window != nil && *v.Window == e.window
+	switch {
+	case !found:
+		return now-e.lastWrite >= visibleAfter
+	case v.At != nil && *v.At > e.writtenAt, v.At == nil && ours:
 		return true
 	}
 	return now-e.lastWrite >= e.grace()
