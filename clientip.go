@@ -80,7 +80,8 @@ type ProxyOptions struct {
 	// server that passes the header on. It is safe only if that proxy cannot be reached except
 	// through Cloudflare, or removes both headers from other traffic (CF-Connecting-IPv6 is
 	// believed when CF-Connecting-IP is absent); otherwise leave it off, and the X-Forwarded-For
-	// walk (with Cloudflare set) finds the client through the chain.
+	// walk (with Cloudflare set) finds the client through the chain. In
+	// RATE_LIMIT_TRUSTED_PROXIES it is the entry "cf-connecting-ip".
 	TrustCFConnectingIP bool
 }
 
@@ -143,7 +144,8 @@ func normalizeProxyPrefix(p netip.Prefix) (netip.Prefix, error) {
 
 // ParseTrustedProxies builds a [TrustedProxies] from the syntax of RATE_LIMIT_TRUSTED_PROXIES: a
 // comma-separated list of "cloudflare" (any case: the Cloudflare preset), CIDR prefixes
-// ("10.0.0.0/8", "2001:db8::/32") and single addresses ("192.0.2.7"), with optional spaces.
+// ("10.0.0.0/8", "2001:db8::/32") and single addresses ("192.0.2.7"), with optional spaces, and
+// "cf-connecting-ip" (any case: [ProxyOptions.TrustCFConnectingIP], for the proxies listed).
 // Every entry that is none of these, is empty, or is a prefix of length 0 is reported by name,
 // joined in one error.
 func ParseTrustedProxies(s string) (*TrustedProxies, error) {
@@ -171,6 +173,10 @@ func parseProxyList(s string) (ProxyOptions, []error) {
 			opts.Cloudflare = true
 			continue
 		}
+		if strings.EqualFold(entry, "cf-connecting-ip") {
+			opts.TrustCFConnectingIP = true
+			continue
+		}
 		var p netip.Prefix
 		var err error
 		if strings.Contains(entry, "/") {
@@ -185,7 +191,7 @@ func parseProxyList(s string) (ProxyOptions, []error) {
 			}
 		}
 		if err != nil || entry == "" {
-			errs = append(errs, fmt.Errorf("entry %q is neither \"cloudflare\" nor a CIDR prefix or IP address", entry))
+			errs = append(errs, fmt.Errorf("entry %q is not \"cloudflare\", \"cf-connecting-ip\", a CIDR prefix or an IP address", entry))
 			continue
 		}
 		if _, err := normalizeProxyPrefix(p); err != nil {

@@ -683,7 +683,8 @@ func TestSpoofableRegression_CFConnectingIPv6WithRealIPv4(t *testing.T) {
 // Cloudflare and a proxy of the user's, or Cloudflare Tunnel as the README sets it up for this
 // mode, they must still share one budget.
 func TestSpoofableRegression_PseudoIPv4BehindAProxy(t *testing.T) {
-	tunnel := cipProxies(t, ProxyOptions{Prefixes: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, TrustCFConnectingIP: true})
+	tunnel, err := ParseTrustedProxies("127.0.0.1, ::1, cf-connecting-ip") // as the README sets it up
+	require.NoError(t, err)
 	for _, tc := range []struct {
 		name, peer, edge string
 		clientIP         ClientIPFunc
@@ -813,6 +814,29 @@ func TestProxyOptionsNormalised(t *testing.T) {
 	require.Nil(t, p.CloudflareRanges(), "no preset")
 }
 
+// TestProxyListTrustCFConnectingIP: the entry "cf-connecting-ip" believes CF-Connecting-IP from
+// every proxy listed, as ProxyOptions.TrustCFConnectingIP does; without it, only the
+// X-Forwarded-For walk decides.
+func TestProxyListTrustCFConnectingIP(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+	}{
+		{"127.0.0.1, ::1, cf-connecting-ip", "198.51.100.1"},
+		{"CF-Connecting-IP,127.0.0.1", "198.51.100.1"},
+		{"127.0.0.1, ::1", "203.0.113.5"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			p, err := ParseTrustedProxies(tc.in)
+			require.NoError(t, err)
+			r := cipRequest("127.0.0.1:5555", cfh, "198.51.100.1", xff, "203.0.113.5")
+			require.Equal(t, tc.want, cipResult(p.ClientIP(r)))
+			// From a peer that is not listed, nothing is believed.
+			require.Equal(t, "192.0.2.9", cipResult(p.ClientIP(cipRequest("192.0.2.9:5555", cfh, "198.51.100.1"))))
+		})
+	}
+}
+
 func TestProxyListSyntax(t *testing.T) {
 	valid := []struct {
 		in         string
@@ -852,7 +876,9 @@ func TestProxyListSyntax(t *testing.T) {
 	}{
 		{"", []string{"ratelimit: trusted proxies: no entries"}},
 		{" , ", []string{`entry ""`}},
-		{"cloudfare", []string{`ratelimit: trusted proxies: entry "cloudfare" is neither "cloudflare" nor a CIDR prefix or IP address`}},
+		{"cloudfare", []string{`ratelimit: trusted proxies: entry "cloudfare" is not "cloudflare", "cf-connecting-ip", a CIDR prefix or an IP address`}},
+		{"cf-connecting-ip", []string{"ProxyOptions trusts no proxy"}},
+		{"cf-connecting", []string{`entry "cf-connecting"`}},
 		{"10.0.0.0/33", []string{`entry "10.0.0.0/33"`}},
 		{"10.0.0.0/8,", []string{`entry ""`}},
 		{"10.0.0.0/8,,cloudflare", []string{`entry ""`}},

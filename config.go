@@ -77,8 +77,9 @@ const (
 // the variable and the value. All problems are reported together.
 //
 // When RATE_LIMIT_TRUSTED_PROXIES is set and not blank, both layers find the client with a
-// [TrustedProxies] built from it (also returned in [Config.TrustedProxies]); an entry that is
-// neither "cloudflare" nor a CIDR prefix or address is an error naming the entry. Unset or blank,
+// [TrustedProxies] built from it (also returned in [Config.TrustedProxies]; see
+// [ParseTrustedProxies] for the syntax); an entry that is not "cloudflare", "cf-connecting-ip", a
+// CIDR prefix or an address is an error naming the entry. Unset or blank,
 // the layers keep [RemoteAddrIP] and believe no header.
 func ConfigFromEnv(lookup func(string) (string, bool)) (Config, error) {
 	cfg := DefaultConfig()
