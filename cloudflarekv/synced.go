@@ -302,7 +302,6 @@ type writeJob struct {
 	key    string
 	window int64
 	local  int64
-	at     int64 // the value's At
 }
 
 // Sync reconciles with KV once: it reads the keys that matter, then writes the counts that
@@ -498,6 +497,7 @@ func (e *entry) setRemote(id string, n int64) {
 // write sends the counts that grew in at most calls bulk writes.
 func (s *Synced) write(ctx context.Context, calls int) (made int, err error) {
 	now := s.now().UnixNano()
+	at := now / int64(time.Millisecond) // every value of this write says when it was composed
 	var jobs []writeJob
 	var pairs []cloudflare.WorkersKVPair
 	for i := range s.shards {
@@ -516,13 +516,12 @@ func (s *Synced) write(ctx context.Context, calls int) (made int, err error) {
 			}
 			counts[s.id] = e.local
 			total := e.local + e.remoteSum
-			at := now / int64(time.Millisecond)
 			value, err := json.Marshal(syncedValue{Window: &e.window, Count: &total, Instances: counts, At: &at})
 			if err != nil {
 				sh.mu.Unlock()
 				return 0, fmt.Errorf("cloudflarekv: encoding %q: %w", k, err)
 			}
-			jobs = append(jobs, writeJob{key: k, window: e.window, local: e.local, at: at})
+			jobs = append(jobs, writeJob{key: k, window: e.window, local: e.local})
 			pairs = append(pairs, cloudflare.WorkersKVPair{Key: k, Value: string(value), ExpirationTTL: ttlSeconds(e.ttl)})
 		}
 		sh.mu.Unlock()
@@ -545,12 +544,14 @@ func (s *Synced) write(ctx context.Context, calls int) (made int, err error) {
 			errs = append(errs, fmt.Errorf("cloudflarekv: bulk write: %d of %d keys unsuccessful, written again at the next sync (first %q)",
 				len(failed), end-start, failed[0]))
 		}
-		s.markWritten(jobs[start:end], failed, s.now().UnixNano())
+		s.markWritten(jobs[start:end], failed, at, s.now().UnixNano())
 	}
 	return made, errors.Join(errs...)
 }
 
-func (s *Synced) markWritten(jobs []writeJob, failed []string, now int64) {
+// markWritten records the counts of jobs that Cloudflare accepted (those not in failed), written
+// at now in values composed at at (Unix milliseconds).
+func (s *Synced) markWritten(jobs []writeJob, failed []string, at, now int64) {
 	skip := make(map[string]bool, len(failed))
 	for _, k := range failed {
 		skip[k] = true
@@ -563,7 +564,7 @@ func (s *Synced) markWritten(jobs []writeJob, failed []string, now int64) {
 		sh.mu.Lock()
 		if e := sh.m[j.key]; e != nil && e.window == j.window {
 			e.written = max(e.written, j.local)
-			e.writtenAt, e.lastWrite = j.at, now
+			e.writtenAt, e.lastWrite = at, now
 		}
 		sh.mu.Unlock()
 	}
