@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -289,4 +291,34 @@ func TestRateLimitValueCache(t *testing.T) {
 
 	now = now.Add(time.Second) // another second: another value, not the cached one
 	require.Equal(t, `"cache";r=9;t=59`, value(5))
+}
+
+// TestHeaderArenaNeverHandsOutTextTwice: text the arena handed out stays as it was, across its
+// blocks, and also after a value outgrew the room textBuffer promises (which the layer's values
+// never do): the arena then starts a new block.
+func TestHeaderArenaNeverHandsOutTextTwice(t *testing.T) {
+	var a headerArena
+	var handed []string
+	var want []string
+	add := func(text []byte, start int) {
+		s := a.string(text, start)
+		handed = append(handed, s)
+		want = append(want, strings.Clone(s))
+	}
+	for i := range 2 * arenaText / maxValueText { // two blocks and more
+		text := a.textBuffer()
+		add(strconv.AppendInt(text, int64(i), 10), len(text))
+	}
+	text := a.textBuffer()
+	start := len(text)
+	add(append(text, strings.Repeat("x", arenaText)...), start) // outgrows the block
+	for i := range 3 {
+		text := a.textBuffer()
+		add(strconv.AppendInt(text, int64(i), 10), len(text))
+	}
+	require.Equal(t, want, handed)
+
+	vals := a.values(2)
+	require.Equal(t, 0, len(vals))
+	require.Equal(t, 2, cap(vals), "appending past its values must move, not write the next slice's")
 }

@@ -95,8 +95,13 @@ func writePlain(w http.ResponseWriter, rh *responseHeaders, status int, body []b
 // An arena is used by one goroutine at a time (the layer keeps them in a sync.Pool); the blocks
 // it has handed out are shared, read-only, with the responses that hold parts of them.
 type headerArena struct {
-	vals []string // the unused rest of a block of values
-	text []byte   // a block of text: handed out up to len, unused from len to cap
+	// A block of values, and a block of text, each handed out up to its used count. Counts, not
+	// re-sliced blocks, mark the progress: a request then writes no pointer into the arena,
+	// which costs a write barrier whenever the garbage collector is marking.
+	vals     []string
+	valsUsed int
+	text     []byte // len == cap
+	textUsed int
 	// Each request writes its arena: keep two arenas, used on two processors, off one cache line.
 	_ [cacheLine]byte
 }
@@ -116,28 +121,32 @@ const (
 
 // values returns an empty slice with room for exactly n values.
 func (a *headerArena) values(n int) []string {
-	if len(a.vals) < n {
+	if len(a.vals)-a.valsUsed < n {
 		a.vals = make([]string, max(n, arenaValues))
+		a.valsUsed = 0
 	}
-	v := a.vals[:0:n]
-	a.vals = a.vals[n:]
-	return v
+	i := a.valsUsed
+	a.valsUsed = i + n
+	return a.vals[i : i : i+n]
 }
 
 // textBuffer returns the arena's text block with room for a value of up to maxValueText bytes
 // after len; the caller appends the value and passes the block to string.
 func (a *headerArena) textBuffer() []byte {
-	if cap(a.text)-len(a.text) < maxValueText {
-		a.text = make([]byte, 0, arenaText)
+	if len(a.text)-a.textUsed < maxValueText {
+		a.text = make([]byte, arenaText)
+		a.textUsed = 0
 	}
-	return a.text
+	return a.text[:a.textUsed]
 }
 
 // string takes text[start:] as a string that shares the block, as strings.Builder does: the bytes
 // are never written again, because the arena only appends after them, into a block's unused
 // capacity, or starts a new block. text is the block that textBuffer returned, extended in place.
 func (a *headerArena) string(text []byte, start int) string {
-	a.text = text
+	// Had a value outgrown maxValueText, append would have moved text to a larger array, and
+	// len(text) would exceed the block: the next textBuffer then starts a block of its own.
+	a.textUsed = len(text)
 	return unsafe.String(&text[start], len(text)-start)
 }
 
