@@ -64,3 +64,29 @@ func expectStatus(t *testing.T, h http.Handler, r *http.Request, want int, what 
 		t.Fatalf("%s %d from %s: status %d, want %d (headers %v)", what, i, r.RemoteAddr, w.status, want, w.header)
 	}
 }
+
+// TestHeaderReferences checks that the two header references are what they claim: both send
+// the two values, ref-fresh in slices of each response's own, ref-shared in the same slices.
+func TestHeaderReferences(t *testing.T) {
+	for _, tc := range []struct {
+		values headerValues
+		shared bool
+	}{
+		{freshValues, false},
+		{sharedValues, true},
+	} {
+		h := wrapTwoHeaders(tc.values)(t, allowLimit, allowWindow, okHandler)
+		first, second := newRecorder(), newRecorder()
+		h.ServeHTTP(first, clientRequest(1))
+		h.ServeHTTP(second, clientRequest(1))
+		for _, name := range []string{"Ratelimit-Policy", "Ratelimit"} {
+			a, b := first.header[name], second.header[name]
+			if len(a) != 1 || len(b) != 1 || a[0] != b[0] {
+				t.Fatalf("%s: %q and %q, want one equal value each", name, a, b)
+			}
+			if same := &a[0] == &b[0]; same != tc.shared {
+				t.Errorf("%s: the two responses share its slice: %v, want %v", name, same, tc.shared)
+			}
+		}
+	}
+}
