@@ -96,8 +96,8 @@ func writePlain(w http.ResponseWriter, rh *responseHeaders, status int, body []b
 // it has handed out are shared, read-only, with the responses that hold parts of them.
 type headerArena struct {
 	// A block of values, and a block of text, each handed out up to its used count. Counts, not
-	// re-sliced blocks, mark the progress: a request then writes no pointer into the arena,
-	// which costs a write barrier whenever the garbage collector is marking.
+	// re-sliced blocks, mark the progress, so that a request writes a pointer into the arena (a
+	// write barrier while the garbage collector marks) only when it starts a block.
 	vals     []string
 	valsUsed int
 	text     []byte // len == cap
