@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -227,7 +226,11 @@ func TestHeaderValuesOutliveLaterResponses(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	clock := func() time.Time { return now }
 	const max = 1 << 30
+	// The slices each response got, before its handler appended to them: appending moves the
+	// values out of the arena, so the final check of the headers alone would not see the arena's.
+	got := make(map[http.ResponseWriter]http.Header)
 	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		got[w] = maps.Clone(w.Header()) // a new map holding the same slices
 		names := slices.Sorted(maps.Keys(w.Header()))
 		for _, name := range names {
 			w.Header()[name] = append(w.Header()[name], "appended")
@@ -261,6 +264,12 @@ func TestHeaderValuesOutliveLaterResponses(t *testing.T) {
 		if !reflect.DeepEqual(want, w.h) {
 			t.Fatalf("response %d:\n got %q\nwant %q", i, w.h, want)
 		}
+		for name, values := range want {
+			want[name] = values[:len(values)-1] // without "appended"
+		}
+		if !reflect.DeepEqual(want, got[w]) {
+			t.Fatalf("response %d, the slices it was given:\n got %q\nwant %q", i, got[w], want)
+		}
 	}
 }
 
@@ -293,32 +302,42 @@ func TestRateLimitValueCache(t *testing.T) {
 	require.Equal(t, `"cache";r=9;t=59`, value(5))
 }
 
-// TestHeaderArenaNeverHandsOutTextTwice: text the arena handed out stays as it was, across its
-// blocks, and also after a value outgrew the room textBuffer promises (which the layer's values
-// never do): the arena then starts a new block.
+// TestHeaderArenaNeverHandsOutTextTwice: text and value slots the arena handed out stay as they
+// were, across several blocks of each, and after a value outgrew the room textBuffer promises
+// (which the layer's values never do).
 func TestHeaderArenaNeverHandsOutTextTwice(t *testing.T) {
 	var a headerArena
-	var handed []string
-	var want []string
-	add := func(text []byte, start int) {
-		s := a.string(text, start)
-		handed = append(handed, s)
-		want = append(want, strings.Clone(s))
-	}
-	for i := range 2 * arenaText / maxValueText { // two blocks and more
+	var texts, wantTexts []string
+	var slices [][]string
+	var wantSlices [][]string
+	addText := func(value string) {
 		text := a.textBuffer()
-		add(strconv.AppendInt(text, int64(i), 10), len(text))
+		start := len(text)
+		s := a.string(append(text, value...), start)
+		texts = append(texts, s)
+		wantTexts = append(wantTexts, value)
 	}
-	text := a.textBuffer()
-	start := len(text)
-	add(append(text, strings.Repeat("x", arenaText)...), start) // outgrows the block
-	for i := range 3 {
-		text := a.textBuffer()
-		add(strconv.AppendInt(text, int64(i), 10), len(text))
+	addValues := func(i int) {
+		vals := a.values(2)
+		require.Zero(t, len(vals))
+		require.Equal(t, 2, cap(vals), "appending past its values must move, not write the next slice's")
+		vals = append(vals, fmt.Sprint("a", i), fmt.Sprint("b", i))
+		slices = append(slices, vals)
+		wantSlices = append(wantSlices, []string{vals[0], vals[1]})
 	}
-	require.Equal(t, want, handed)
-
-	vals := a.values(2)
-	require.Equal(t, 0, len(vals))
-	require.Equal(t, 2, cap(vals), "appending past its values must move, not write the next slice's")
+	long := func(i int) string { // as long as the longest value the layer builds
+		v := fmt.Sprint(i, ":")
+		return v + strings.Repeat("x", maxValueText-len(v))
+	}
+	for i := range 3 * arenaText / maxValueText { // three blocks of text and more
+		addText(long(i))
+		addValues(i)
+	}
+	addText(strings.Repeat("y", arenaText)) // more than the block has left: moves to memory of its own
+	for i := range 3 * arenaValues {        // three blocks of values and more
+		addText(long(-i))
+		addValues(-i)
+	}
+	require.Equal(t, wantTexts, texts)
+	require.Equal(t, wantSlices, slices)
 }

@@ -144,8 +144,8 @@ func (a *headerArena) textBuffer() []byte {
 // are never written again, because the arena only appends after them, into a block's unused
 // capacity, or starts a new block. text is the block that textBuffer returned, extended in place.
 func (a *headerArena) string(text []byte, start int) string {
-	// Had a value outgrown maxValueText, append would have moved text to a larger array, and
-	// len(text) would exceed the block: the next textBuffer then starts a block of its own.
+	// A value that outgrew the room left in the block made append move text to a larger array:
+	// len(text) then exceeds the block, and the next textBuffer starts a block of its own.
 	a.textUsed = len(text)
 	return unsafe.String(&text[start], len(text)-start)
 }

@@ -66,16 +66,14 @@ func wrapRatelimit(headers ratelimit.HeaderStyle) func(testing.TB, int, time.Dur
 	}
 }
 
-// The references ref-fresh and ref-shared measure what the standard headers cost at the least:
+// The references ref-fresh and ref-shared measure the standard headers stripped to their storage:
 // the library without headers, behind a middleware that only stores two constant values, as long
-// as this library's, in the response's header map. It formats nothing and reads no count, so a
-// limiter that sends these headers can hardly beat it, except by the overlap that the library's
-// own header code makes with its counter lookup.
+// as this library's, in the response's header map. They format nothing and read no count.
 //
-// ref-fresh gives every response header slices of its own, as this library does (there from
-// shared blocks); ref-shared gives every response the same slices, which is unsafe: a handler
-// that writes into a value's slice in place changes every response's, in a data race (the bug of
-// rs/cors#198 and jub0bs/cors#14). The gap between the two is what that guarantee costs.
+// ref-fresh gives every response header slices of its own, as this library does (there cut from
+// shared blocks); ref-shared gives every response the same slices, which is unsafe: code that
+// writes into a value's slice in place changes every response's, in a data race (the class of bug
+// of rs/cors#198 and jub0bs/cors#14). The gap between the two is what that guarantee costs.
 const (
 	refPolicy    = `"bench";q=1073741824;w=3600`
 	refRateLimit = `"bench";r=1073741823;t=3600`

@@ -2,6 +2,7 @@ package benchmarks
 
 import (
 	"net/http"
+	"regexp"
 	"testing"
 	"time"
 )
@@ -80,13 +81,30 @@ func TestHeaderReferences(t *testing.T) {
 		h.ServeHTTP(first, clientRequest(1))
 		h.ServeHTTP(second, clientRequest(1))
 		for _, name := range []string{"Ratelimit-Policy", "Ratelimit"} {
+			want := map[string]string{"Ratelimit-Policy": refPolicy, "Ratelimit": refRateLimit}[name]
 			a, b := first.header[name], second.header[name]
-			if len(a) != 1 || len(b) != 1 || a[0] != b[0] {
-				t.Fatalf("%s: %q and %q, want one equal value each", name, a, b)
+			if len(a) != 1 || len(b) != 1 || a[0] != want || b[0] != want {
+				t.Fatalf("%s: %q and %q, want [%q] each", name, a, b, want)
 			}
 			if same := &a[0] == &b[0]; same != tc.shared {
 				t.Errorf("%s: the two responses share its slice: %v, want %v", name, same, tc.shared)
 			}
 		}
+	}
+}
+
+// TestContenderNames keeps contender names unique and to lower-case letters and '-': run.sh reads
+// them from the benchmark names and passes them, unescaped, in a -test.bench pattern.
+func TestContenderNames(t *testing.T) {
+	valid := regexp.MustCompile(`^[a-z][a-z-]*$`)
+	seen := make(map[string]bool)
+	for _, c := range contenders {
+		if !valid.MatchString(c.name) {
+			t.Errorf("contender %q: want lower-case letters and '-' only", c.name)
+		}
+		if seen[c.name] {
+			t.Errorf("contender %q: named twice", c.name)
+		}
+		seen[c.name] = true
 	}
 }
