@@ -197,12 +197,35 @@ func TestLayersShareTheMemoryKVClock(t *testing.T) {
 	remote := newLimiter(t, Options{Scope: "remote", Max: 5, Window: time.Minute, Store: &counterStore{mem: NewMemoryKV()}})
 	require.Same(t, &remote.ownedClock, remote.clock)
 
-	// A MemoryKV on a test clock: the layer keeps the system clock of its own.
-	fixed := NewMemoryKV(WithClock(func() time.Time { return time.Unix(1_800_000_000, 0) }))
-	own := newLimiter(t, Options{Scope: "own", Max: 5, Window: time.Minute, Store: fixed})
-	require.Same(t, &own.ownedClock, own.clock)
-
 	_, err := auth.Allow(newRequest("/", "192.0.2.1:1234"))
 	require.NoError(t, err)
 	require.NotZero(t, mem.layerClock.sec.Load(), "the layer reads the store's clock")
+}
+
+// TestLayerReadsTheMemoryKVsInjectedClock: a test that gives only the MemoryKV its clock moves
+// the layer's windows with it; a layer's own Now still wins.
+func TestLayerReadsTheMemoryKVsInjectedClock(t *testing.T) {
+	now := time.Unix(1_800_000_045, 0) // 15 s before a minute ends
+	mem := NewMemoryKV(WithClock(func() time.Time { return now }))
+	l := newLimiter(t, Options{Scope: "login", Max: 1, Window: time.Minute, Store: mem})
+	r := newRequest("/", "192.0.2.1:1234")
+
+	res, err := l.Allow(r)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	require.Equal(t, 15*time.Second, res.Reset)
+	res, err = l.Allow(r)
+	require.NoError(t, err)
+	require.False(t, res.Allowed)
+
+	now = now.Add(time.Minute)
+	res, err = l.Allow(r)
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "the next window, on the store's clock")
+
+	own := time.Unix(1_800_000_010, 0)
+	mine := newLimiter(t, Options{Scope: "mine", Max: 1, Window: time.Minute, Store: mem, Now: func() time.Time { return own }})
+	res, err = mine.Allow(r)
+	require.NoError(t, err)
+	require.Equal(t, 50*time.Second, res.Reset, "Options.Now wins")
 }

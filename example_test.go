@@ -106,8 +106,7 @@ func ExampleMemoryKV() {
 	clock := func() time.Time { return now }
 	limiter, err := ratelimit.New(ratelimit.Options{
 		Scope: "auth", Max: 1, Window: time.Minute,
-		Store: ratelimit.NewMemoryKV(ratelimit.WithClock(clock)),
-		Now:   clock,
+		Store: ratelimit.NewMemoryKV(ratelimit.WithClock(clock)), // the layer reads it too
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -77,7 +77,8 @@ type MemoryKV struct {
 type MemoryOption func(*MemoryKV)
 
 // WithClock makes a [MemoryKV] read the time from now instead of [time.Now], so that tests can
-// expire entries without sleeping.
+// expire entries without sleeping. Layers that count in the store read the same clock, unless
+// their [Options.Now] is set.
 func WithClock(now func() time.Time) MemoryOption {
 	return func(m *MemoryKV) { m.now = now }
 }

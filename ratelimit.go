@@ -113,16 +113,17 @@ type Options struct {
 	// Logger receives the layer's few operator messages. Default: [slog.Default] at the time of
 	// each message, so a later [slog.SetDefault] is honoured.
 	Logger *slog.Logger
-	// Now reads the clock. Default: the system clock to the whole second, which a timer keeps
-	// current while the layer is in use, so that a request does not pay for a [time.Now]. The
-	// headers lose nothing by it (windows and the seconds they report are whole), but
-	// [Result.Reset] and [Result.RetryAfter] are whole seconds, the most that can be left, and a
-	// new second reaches the layer after the timer's latency (microseconds; milliseconds on a
-	// saturated machine), and after a suspend or a step of the system clock within a second.
-	// The timer stops after a second without requests. Inside a testing/synctest bubble the
-	// default reads time.Now on every request; give such tests layers and MemoryKVs of their
-	// own, since a layer already running on the real clock keeps it, and layers that count in
-	// one MemoryKV share the store's clock.
+	// Now reads the clock. Default: the store's clock when Store is a [MemoryKV] built
+	// [WithClock], so that a test injects its clock once; else the system clock to the whole
+	// second, which a timer keeps current while the layer is in use, so that a request does not
+	// pay for a [time.Now]. The headers lose nothing by it (windows and the seconds they report
+	// are whole), but [Result.Reset] and [Result.RetryAfter] are whole seconds, the most that can
+	// be left, and a new second reaches the layer after the timer's latency (microseconds;
+	// milliseconds on a saturated machine), and after a suspend or a step of the system clock
+	// within a second. The timer stops after a second without requests. Inside a
+	// testing/synctest bubble the default reads time.Now on every request; give such tests layers
+	// and MemoryKVs of their own, since a layer already running on the real clock keeps it, and
+	// layers that count in one MemoryKV share the store's clock.
 	Now func() time.Time
 }
 
@@ -261,6 +262,10 @@ func New(opts Options) (*Limiter, error) {
 	if l.clientIP == nil {
 		l.clientIP = RemoteAddrIP
 		l.remoteAddrIP = true
+	}
+	if mem, ok := opts.Store.(*MemoryKV); ok && mem != nil && mem.now != nil && l.now == nil {
+		// A test that gave the store its clock means the layer's windows too.
+		l.now = mem.now
 	}
 	if l.now == nil {
 		l.clock = &l.ownedClock
