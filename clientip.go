@@ -200,6 +200,9 @@ func parseProxyList(s string) (ProxyOptions, []error) {
 		}
 		opts.Prefixes = append(opts.Prefixes, p)
 	}
+	if len(errs) == 0 && len(opts.Prefixes) == 0 && !opts.Cloudflare {
+		errs = append(errs, errors.New("lists no proxy: \"cf-connecting-ip\" needs the proxies it applies to (\"cloudflare\", CIDR prefixes or addresses) next to it"))
+	}
 	return opts, errs
 }
 

@@ -33,7 +33,7 @@ func DefaultGlobalExemptPaths() []string {
 type Config struct {
 	// Auth is the layer that guards the authentication endpoints against brute force.
 	Auth Options
-	// Global is the baseline layer over every other path.
+	// Global is the baseline layer over every path but its exempt ones, the auth paths included.
 	Global Options
 	// TrustedProxies is set by [ConfigFromEnv] from RATE_LIMIT_TRUSTED_PROXIES, whose ClientIP
 	// it has already put in both layers; nil otherwise. Keep it to refresh Cloudflare's ranges
@@ -73,8 +73,9 @@ const (
 
 // ConfigFromEnv returns [DefaultConfig] with the RATE_LIMIT_* variables applied. lookup is
 // usually [os.LookupEnv]. An unset variable keeps its default; a max of 0 (or less) disables its
-// layer; a value that is not a whole number, or a window that is not positive, is an error naming
-// the variable and the value. All problems are reported together.
+// layer; a value that is not a whole number, or a window that is not positive or is longer than
+// 365 days, is an error naming the variable and the value. All problems are reported together,
+// with an empty Config, which [NewLayers] refuses.
 //
 // When RATE_LIMIT_TRUSTED_PROXIES is set and not blank, both layers find the client with a
 // [TrustedProxies] built from it (also returned in [Config.TrustedProxies]; see
@@ -119,21 +120,22 @@ func envTrustedProxies(lookup func(string) (string, bool), name string, cfg *Con
 	return nil
 }
 
-// envWhole reads a whole number from the variable name; set is false when it is unset.
-func envWhole(lookup func(string) (string, bool), name string) (n int, raw string, set bool, err error) {
+// envWhole reads a whole number from the variable name; set is false when it is unset. what
+// describes the number in the error.
+func envWhole(lookup func(string) (string, bool), name, what string) (n int, raw string, set bool, err error) {
 	raw, set = lookup(name)
 	if !set {
 		return 0, "", false, nil
 	}
 	n, err = strconv.Atoi(strings.TrimSpace(raw))
 	if err != nil {
-		return 0, raw, true, fmt.Errorf("ratelimit: %s=%q is not a whole number", name, raw)
+		return 0, raw, true, fmt.Errorf("ratelimit: %s=%q is not a %s", name, raw, what)
 	}
 	return n, raw, true, nil
 }
 
 func envInt(lookup func(string) (string, bool), name string, dst *int) error {
-	n, _, set, err := envWhole(lookup, name)
+	n, _, set, err := envWhole(lookup, name, "whole number")
 	if set && err == nil {
 		*dst = n
 	}
@@ -141,7 +143,7 @@ func envInt(lookup func(string) (string, bool), name string, dst *int) error {
 }
 
 func envSeconds(lookup func(string) (string, bool), name string, dst *time.Duration) error {
-	sec, raw, set, err := envWhole(lookup, name)
+	sec, raw, set, err := envWhole(lookup, name, "whole number of seconds, such as 60")
 	switch {
 	case !set || err != nil:
 		return err
@@ -164,6 +166,14 @@ type Layers struct {
 
 // NewLayers builds both layers of cfg, reporting the problems of both together.
 func NewLayers(cfg Config) (*Layers, error) {
+	if cfg.Auth.Scope == "" && cfg.Global.Scope == "" && cfg.Auth.Max == 0 && cfg.Global.Max == 0 {
+		return nil, errors.New("ratelimit: NewLayers got an empty Config: start from DefaultConfig, or check the error of ConfigFromEnv, which returns an empty Config with it")
+	}
+	if cfg.Auth.Scope == cfg.Global.Scope && cfg.Auth.Max > 0 && cfg.Global.Max > 0 {
+		// On one store they would share counters (an auth request counted twice in one), and a
+		// client could not tell their RateLimit headers apart.
+		return nil, fmt.Errorf("ratelimit: the auth and global layers both have scope %q: give each a scope of its own", cfg.Auth.Scope)
+	}
 	auth, authErr := New(cfg.Auth)
 	global, globalErr := New(cfg.Global)
 	if err := errors.Join(authErr, globalErr); err != nil {

@@ -71,7 +71,7 @@ func TestConfigFromEnvRejectsBadValues(t *testing.T) {
 		{"fraction", EnvGlobalMax, "1.5", `RATE_LIMIT_GLOBAL_MAX="1.5" is not a whole number`},
 		{"overflow", EnvAuthMax, "99999999999999999999", `"99999999999999999999" is not a whole number`},
 		{"hex", EnvAuthMax, "0x10", `"0x10" is not a whole number`},
-		{"duration syntax", EnvAuthWindow, "60s", `RATE_LIMIT_AUTH_WINDOW="60s" is not a whole number`},
+		{"duration syntax", EnvAuthWindow, "60s", `RATE_LIMIT_AUTH_WINDOW="60s" is not a whole number of seconds, such as 60`},
 		{"zero window", EnvAuthWindow, "0", `RATE_LIMIT_AUTH_WINDOW="0" must be a positive number of seconds`},
 		{"negative window", EnvGlobalWindow, "-60", `RATE_LIMIT_GLOBAL_WINDOW="-60" must be a positive number of seconds`},
 		{"empty window", EnvGlobalWindow, "", `RATE_LIMIT_GLOBAL_WINDOW="" is not a whole number`},
@@ -100,4 +100,40 @@ func TestNewLayersReportsBothLayers(t *testing.T) {
 	_, err := NewLayers(cfg)
 	require.ErrorContains(t, err, `layer "auth": Paths`)
 	require.ErrorContains(t, err, `layer "bad scope": scope`)
+}
+
+// TestNewLayersRefusesOneScopeForBoth: the two layers need scopes of their own, unless one is
+// disabled.
+func TestNewLayersRefusesOneScopeForBoth(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		authMax, global int
+		wantErr         bool
+	}{
+		{"both enabled", 30, 200, true},
+		{"auth disabled", 0, 200, false},
+		{"global disabled", 30, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Auth.Scope, cfg.Global.Scope = "api", "api"
+			cfg.Auth.Max, cfg.Global.Max = tc.authMax, tc.global
+			cfg.Auth.Store, cfg.Global.Store = NewMemoryKV(), NewMemoryKV()
+			_, err := NewLayers(cfg)
+			if tc.wantErr {
+				require.ErrorContains(t, err, `the auth and global layers both have scope "api"`)
+			} else {
+				require.NoError(t, err)
+			}
+		})
+	}
+}
+
+// TestNewLayersRefusesAnEmptyConfig: the Config that ConfigFromEnv returns with its error gets
+// an error that points back there, not one about empty scopes.
+func TestNewLayersRefusesAnEmptyConfig(t *testing.T) {
+	cfg, err := ConfigFromEnv(envOf(map[string]string{EnvAuthWindow: "60s"}))
+	require.Error(t, err)
+	_, err = NewLayers(cfg)
+	require.EqualError(t, err, "ratelimit: NewLayers got an empty Config: start from DefaultConfig, or check the error of ConfigFromEnv, which returns an empty Config with it")
 }

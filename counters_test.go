@@ -514,19 +514,21 @@ func TestMarkFollowsTheCountsExpiry(t *testing.T) {
 		clock.Advance(2 * time.Second)
 		require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.10:1")).Code, "the count expired: a fresh one")
 	})
-	t.Run("a layer of the same scope with a shorter window", func(t *testing.T) {
-		clock := newFakeClock(time.Unix(1_699_999_200, 0)) // on an hour: both layers' windows start here
+	t.Run("a count without a mark, in the same window, with a shorter TTL", func(t *testing.T) {
+		start := time.Unix(1_699_999_200, 0) // on an hour, and so on a minute too
+		clock := newFakeClock(start)
 		m := NewMemoryKV(WithClock(clock.Now))
 		hour := newLimiter(t, Options{Scope: "api", Max: 2, Window: time.Hour, Store: m, Now: clock.Now})
-		minute := newLimiter(t, Options{Scope: "api", Max: 10, Window: time.Minute, Store: m, Now: clock.Now})
-		allow := func(l *Limiter) bool { return allowed(t, l, "192.0.2.11:1") }
-		require.True(t, allow(hour))
-		require.True(t, allow(hour))
-		require.False(t, allow(hour))
+		allow := func() bool { return allowed(t, hour, "192.0.2.11:1") }
+		require.True(t, allow())
+		require.True(t, allow())
+		require.False(t, allow())
 		clock.Advance(10 * time.Second)
-		require.True(t, allow(minute)) // the count now expires two minutes from here
+		n, err := m.Increment(t.Context(), "ratelimit:api:192.0.2.11", start, 2*time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, int64(3), n, "counted in the hour's window") // and expires two minutes from here
 		clock.Advance(5 * time.Minute)
-		require.True(t, allow(hour), "the count expired: a fresh one")
+		require.True(t, allow(), "the count expired: a fresh one")
 	})
 }
 
@@ -553,4 +555,19 @@ func allowed(t *testing.T, l *Limiter, remoteAddr string) bool {
 	res, err := l.Allow(newRequest("/", remoteAddr))
 	require.NoError(t, err)
 	return res.Allowed
+}
+
+// TestMemoryKVRefusesASecondWindowForAScope: layers of one scope in one MemoryKV share counters,
+// which keep one window at a time, so New refuses a second window length for a scope there. The
+// same window (shared counters, as documented), another scope or another store is accepted.
+func TestMemoryKVRefusesASecondWindowForAScope(t *testing.T) {
+	m := NewMemoryKV()
+	newLimiter(t, Options{Scope: "api", Max: 100, Window: 10 * time.Second, Store: m})
+	newLimiter(t, Options{Scope: "api", Max: 20, Window: 10 * time.Second, Store: m})
+	newLimiter(t, Options{Scope: "api-minute", Max: 20, Window: time.Minute, Store: m})
+	newLimiter(t, Options{Scope: "api", Max: 20, Window: time.Minute, Store: NewMemoryKV()})
+	newLimiter(t, Options{Scope: "api", Max: 0, Window: time.Minute, Store: m}) // disabled: counts nothing
+
+	_, err := New(Options{Scope: "api", Max: 20, Window: time.Minute, Store: m})
+	require.ErrorContains(t, err, `layer "api": another layer counts scope "api" in this MemoryKV in windows of 10s, not 1m0s`)
 }

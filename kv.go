@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -71,6 +72,25 @@ type MemoryKV struct {
 	shards [memoryShards]memoryShard
 	// The default clock of the layers that count here and read the system clock.
 	layerClock systemClock
+	scopesMu   sync.Mutex
+	scopes     map[string]time.Duration // the window of each scope a layer counts in here
+}
+
+// claimScope records that a layer counts scope's clients here in windows of window, or reports
+// that another layer already does in windows of another length: they would share counters that
+// keep one window at a time, and reset each other's.
+func (m *MemoryKV) claimScope(scope string, window time.Duration) error {
+	m.scopesMu.Lock()
+	defer m.scopesMu.Unlock()
+	if w, ok := m.scopes[scope]; ok && w != window {
+		return fmt.Errorf("another layer counts scope %q in this MemoryKV in windows of %v, not %v, "+
+			"and would share its counters: give each layer a scope of its own", scope, w, window)
+	}
+	if m.scopes == nil {
+		m.scopes = make(map[string]time.Duration)
+	}
+	m.scopes[scope] = window
+	return nil
 }
 
 // MemoryOption configures a [MemoryKV] built by [NewMemoryKV].

@@ -71,7 +71,8 @@ type Options struct {
 	// Scope names the layer in its store keys ("ratelimit:{Scope}:{client}") and in its
 	// headers. Required: 1 to 64 letters, digits, '-', '_' or '.'. Layers that share a store and
 	// a scope share their counters, as in the seed: give each layer a scope of its own, or the
-	// same Window, since a counter keeps one window at a time.
+	// same Window, since a counter keeps one window at a time. New refuses a second window for a
+	// scope in one [MemoryKV]; other stores cannot tell.
 	Scope string
 	// Max is how many requests one client may make per window. Zero or less disables the
 	// layer: every request passes, uncounted.
@@ -90,7 +91,11 @@ type Options struct {
 	// otherwise the limiter reads, then writes the seed's JSON value. Nil, or a nil pointer, means
 	// the layer fails open: it passes every request, and New logs one warning.
 	Store KV
-	// ClientIP finds the client's address. Default: [RemoteAddrIP].
+	// ClientIP finds the client's address. Default: [RemoteAddrIP], which believes no header.
+	// With the default, the layer logs one warning when a request from a loopback, private or
+	// shared (100.64.0.0/10) address, or from Cloudflare with CF-Connecting-IP, carries a
+	// forwarding header: behind such a proxy every client shares the proxy's budget, and
+	// [TrustedProxies] is the fix.
 	ClientIP ClientIPFunc
 	// IPv6PrefixBits is how many leading bits of an IPv6 address identify one client, since one
 	// subscriber usually holds a whole /64. Default 64; 128 counts every address on its own.
@@ -195,10 +200,12 @@ type Limiter struct {
 	clock      *systemClock
 	ownedClock systemClock
 
-	logger      *slog.Logger
-	lastLogged  atomic.Int64 // Unix nanoseconds of the last default OnError log line
-	unlogged    atomic.Int64 // errors not logged since then
-	errorsTotal atomic.Int64
+	logger       *slog.Logger
+	proxyWarning *proxyWarning // while the layer keys clients by RemoteAddrIP
+	proxyWarned  atomic.Bool
+	lastLogged   atomic.Int64 // Unix nanoseconds of the last default OnError log line
+	unlogged     atomic.Int64 // errors not logged since then
+	errorsTotal  atomic.Int64
 }
 
 // New validates opts and builds a layer. Every problem in opts is reported, joined in one error;
@@ -262,6 +269,7 @@ func New(opts Options) (*Limiter, error) {
 	if l.clientIP == nil {
 		l.clientIP = RemoteAddrIP
 		l.remoteAddrIP = true
+		l.proxyWarning = newProxyWarning()
 	}
 	if mem, ok := opts.Store.(*MemoryKV); ok && mem != nil && mem.now != nil && l.now == nil {
 		// A test that gave the store its clock means the layer's windows too.
@@ -298,6 +306,9 @@ func New(opts Options) (*Limiter, error) {
 	default:
 		l.kv = opts.Store
 		if mem, ok := opts.Store.(*MemoryKV); ok {
+			if err := mem.claimScope(opts.Scope, opts.Window); err != nil {
+				return nil, fmt.Errorf("ratelimit: layer %q: %w", opts.Scope, err)
+			}
 			l.mem = mem
 			l.memNow = opts.Now == nil && mem.now == nil
 			if l.memNow {
@@ -394,6 +405,9 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 	reset := time.Duration((start+l.windowSec-sec)*int64(time.Second) - nsec)
 	if l.mem != nil {
 		c := l.mem.findCounter(counterKeyOfBytes(l.mem.seedsOf(), key))
+		if c.e == nil {
+			l.warnIfThroughProxy(r)
+		}
 		if early != nil && early.h != nil {
 			l.startHeaders(early)
 		}
@@ -409,6 +423,7 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 		}
 		return l.result(l.mem.incrementFound(c, start*int64(time.Second), l.ttl, now, full), reset), nil
 	}
+	l.warnIfThroughProxy(r) // a remote store's count costs far more than this look
 	deniedKey := counterKeyOfBytes(l.denied.seedsOf(), key)
 	// Windows in Unix nanoseconds, as every MemoryKV counter keeps them.
 	if _, denied := l.denied.peek(deniedKey, start*int64(time.Second)); denied {

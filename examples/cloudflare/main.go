@@ -48,7 +48,7 @@ func main() {
 
 func run(addr string, demo, plain bool, instances int) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	cfg, err := cloudflarekv.ConfigFromEnv(os.LookupEnv)
+	kvCfg, err := cloudflarekv.ConfigFromEnv(os.LookupEnv)
 	if errors.Is(err, cloudflarekv.ErrNotConfigured) {
 		fmt.Fprintf(os.Stderr, "%v\nSet them to a Cloudflare account, a Workers KV namespace and an API token with the \"Workers KV Storage: Edit\" permission.\n", err)
 		os.Exit(2)
@@ -59,9 +59,9 @@ func run(addr string, demo, plain bool, instances int) error {
 	if instances < 1 {
 		return fmt.Errorf("-instances %d must be at least 1", instances)
 	}
-	cfg.Budget = max(1, cloudflarekv.DefaultBudget/instances) // each instance's share of 600 per 5 minutes
-	cfg.Logger = logger
-	layers, err := ratelimit.ConfigFromEnv(os.LookupEnv)
+	kvCfg.Budget = max(1, cloudflarekv.DefaultBudget/instances) // each instance's share of 600 per 5 minutes
+	kvCfg.Logger = logger
+	cfg, err := ratelimit.ConfigFromEnv(os.LookupEnv)
 	if err != nil {
 		return err
 	}
@@ -73,15 +73,15 @@ func run(addr string, demo, plain bool, instances int) error {
 	var stats func() cloudflarekv.Stats
 	var syncNow func(context.Context) error
 	if plain {
-		s, err := cloudflarekv.NewStore(cfg)
+		s, err := cloudflarekv.NewStore(kvCfg)
 		if err != nil {
 			return err
 		}
 		store, stats = s, s.Stats
 		fmt.Printf("plain mode: every counted request makes a GET and a PUT on namespace %s (budget %d calls per %v)\n",
-			cfg.NamespaceID, cfg.Budget, cloudflarekv.DefaultBudgetPeriod)
+			kvCfg.NamespaceID, kvCfg.Budget, cloudflarekv.DefaultBudgetPeriod)
 	} else {
-		s, err := cloudflarekv.NewSynced(cfg)
+		s, err := cloudflarekv.NewSynced(kvCfg)
 		if err != nil {
 			return err
 		}
@@ -93,7 +93,7 @@ func run(addr string, demo, plain bool, instances int) error {
 		}()
 		store, stats, syncNow = s, s.Stats, s.Sync
 		fmt.Printf("synced mode: instance %s counts in memory and syncs with namespace %s every %v (budget %d calls per %v)\n",
-			s.InstanceID(), cfg.NamespaceID, cloudflarekv.DefaultSyncInterval, cfg.Budget, cloudflarekv.DefaultBudgetPeriod)
+			s.InstanceID(), kvCfg.NamespaceID, cloudflarekv.DefaultSyncInterval, kvCfg.Budget, cloudflarekv.DefaultBudgetPeriod)
 	}
 
 	// One call up front, so that a wrong token or namespace shows now, not as a silent fail-open.
@@ -109,20 +109,20 @@ func run(addr string, demo, plain bool, instances int) error {
 	}
 	fmt.Println("namespace reachable: token and namespace accepted")
 
-	layers.Auth.Store, layers.Global.Store = store, store
-	layers.Auth.Logger, layers.Global.Logger = logger, logger
-	lim, err := ratelimit.NewLayers(layers)
+	cfg.Auth.Store, cfg.Global.Store = store, store
+	cfg.Auth.Logger, cfg.Global.Logger = logger, logger
+	layers, err := ratelimit.NewLayers(cfg)
 	if err != nil {
 		return err
 	}
 	fmt.Printf("layers: auth %d per %v on %v; global %d per %v except %v\n",
-		layers.Auth.Max, layers.Auth.Window, layers.Auth.Paths, layers.Global.Max, layers.Global.Window, layers.Global.ExemptPaths)
+		cfg.Auth.Max, cfg.Auth.Window, cfg.Auth.Paths, cfg.Global.Max, cfg.Global.Window, cfg.Global.ExemptPaths)
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/login", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "login page") })
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "hello") })
-	handler := lim.Handler(mux)
+	handler := layers.Handler(mux)
 
 	if demo {
 		for i := 1; i <= 35; i++ {

@@ -1,0 +1,67 @@
+package ratelimit
+
+import (
+	"net/http"
+	"net/netip"
+)
+
+// forwardingHeaders are the headers by which proxies name the client, canonical.
+var forwardingHeaders = [...]string{"X-Forwarded-For", "Forwarded", "X-Real-Ip", "Cf-Connecting-Ip", "True-Client-Ip"}
+
+// sharedAddressSpace is 100.64.0.0/10 (RFC 6598), where some load balancers and cluster networks
+// live, though it is not private in the sense of [netip.Addr.IsPrivate].
+var sharedAddressSpace = netip.MustParsePrefix("100.64.0.0/10")
+
+// proxyWarning watches a layer that keys clients by [RemoteAddrIP] for requests that came
+// through a proxy: from a loopback, private or shared-space peer, or from Cloudflare's edge with
+// CF-Connecting-IP, carrying forwarding headers the layer ignores. Every client behind that proxy
+// shares one budget, which its operator wants to know before it takes the site down; the layer
+// says so once.
+type proxyWarning struct {
+	cloudflare prefixSet // the shipped ranges
+}
+
+func newProxyWarning() *proxyWarning {
+	w := &proxyWarning{}
+	for _, p := range CloudflareRanges() {
+		w.cloudflare.add(p)
+	}
+	return w
+}
+
+// throughProxy returns the first forwarding header that shows r came through a proxy, or "".
+func (w *proxyWarning) throughProxy(r *http.Request) string {
+	peer, ok := RemoteAddrIP(r)
+	if !ok {
+		return ""
+	}
+	peer = peer.Unmap()
+	if w.cloudflare.contains(peer) && len(r.Header["Cf-Connecting-Ip"]) > 0 {
+		return "CF-Connecting-IP"
+	}
+	if !peer.IsLoopback() && !peer.IsPrivate() && !sharedAddressSpace.Contains(peer) {
+		return "" // a client on the internet, whose headers are its own to forge
+	}
+	for _, name := range forwardingHeaders {
+		if len(r.Header[name]) > 0 {
+			return name
+		}
+	}
+	return ""
+}
+
+// warnIfThroughProxy logs the warning for r, at most once per layer. The layer calls it only
+// when it meets a client it holds no count for, so that a known client's request pays nothing.
+func (l *Limiter) warnIfThroughProxy(r *http.Request) {
+	if l.proxyWarning == nil || l.proxyWarned.Load() {
+		return
+	}
+	header := l.proxyWarning.throughProxy(r)
+	if header == "" || !l.proxyWarned.CompareAndSwap(false, true) {
+		return
+	}
+	l.log().Warn("ratelimit: requests arrive through a proxy, but the layer keys clients by the proxy's address "+
+		"and believes no forwarding header, so all clients behind it share one budget; set RATE_LIMIT_TRUSTED_PROXIES "+
+		"or Options.ClientIP (README: Which setting for which deployment)",
+		"scope", l.scope, "peer", r.RemoteAddr, "header", header)
+}

@@ -1,0 +1,87 @@
+package ratelimit
+
+import (
+	"bytes"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestWarnsOnceAboutAnIgnoredProxy: a layer that keys clients by RemoteAddr warns, once, when a
+// request from a proxy's kind of address carries forwarding headers, since every client behind
+// that proxy then shares one budget; a client on the internet sending such headers, a peer that
+// sends none, or a layer that already trusts proxies, gets no warning.
+func TestWarnsOnceAboutAnIgnoredProxy(t *testing.T) {
+	cloudflareEdge := CloudflareRanges()[0].Addr().Next().String()
+	for _, tc := range []struct {
+		name     string
+		peer     string
+		header   string
+		trusted  bool // the layer trusts proxies: no warning
+		remote   bool // the layer counts in a remote store
+		wantWarn string
+	}{
+		{"ingress on a private network", "10.1.2.3:5000", "X-Forwarded-For", false, false, "X-Forwarded-For"},
+		{"reverse proxy on this host", "127.0.0.1:5000", "X-Real-Ip", false, false, "X-Real-Ip"},
+		{"IPv6 loopback, Forwarded", "[::1]:5000", "Forwarded", false, false, "Forwarded"},
+		{"load balancer in shared address space", "100.64.0.9:5000", "X-Forwarded-For", false, false, "X-Forwarded-For"},
+		{"Cloudflare's edge", cloudflareEdge + ":443", "Cf-Connecting-Ip", false, false, "CF-Connecting-IP"},
+		{"remote store", "10.1.2.3:5000", "X-Forwarded-For", false, true, "X-Forwarded-For"},
+		{"internet client forging the header", "203.0.113.7:5000", "X-Forwarded-For", false, false, ""},
+		{"internet client forging CF-Connecting-IP", "203.0.113.7:5000", "Cf-Connecting-Ip", false, false, ""},
+		{"private peer without forwarding headers", "10.1.2.3:5000", "", false, false, ""},
+		{"layer that trusts its proxies", "10.1.2.3:5000", "X-Forwarded-For", true, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			opts := Options{
+				Scope: "global", Max: 100, Window: time.Minute, Store: NewMemoryKV(),
+				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			}
+			if tc.remote {
+				opts.Store = &counterStore{mem: NewMemoryKV()}
+			}
+			if tc.trusted {
+				proxies, err := ParseTrustedProxies("10.0.0.0/8")
+				require.NoError(t, err)
+				opts.ClientIP = proxies.ClientIP
+			}
+			h := newLimiter(t, opts).Handler(okHandler)
+			for i := range 3 { // three clients behind the peer, each new to the layer
+				r := newRequest("/", tc.peer)
+				if tc.header != "" {
+					r.Header.Set(tc.header, "198.51.100."+string(rune('1'+i)))
+				}
+				require.Equal(t, http.StatusOK, serve(h, r).Code)
+			}
+			if tc.wantWarn == "" {
+				require.Empty(t, logs.String())
+				return
+			}
+			require.Equal(t, 1, strings.Count(logs.String(), "level=WARN"), logs.String())
+			require.Contains(t, logs.String(), "all clients behind it share one budget")
+			require.Contains(t, logs.String(), "header="+tc.wantWarn)
+			require.Contains(t, logs.String(), "scope=global")
+		})
+	}
+}
+
+// TestProxyWarningIsLoggedOnce: many proxies, or many clients, still make one warning a layer.
+func TestProxyWarningIsLoggedOnce(t *testing.T) {
+	var logs bytes.Buffer
+	l := newLimiter(t, Options{
+		Scope: "global", Max: 100, Window: time.Minute, Store: NewMemoryKV(),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	h := l.Handler(okHandler)
+	for _, peer := range []string{"10.0.0.1:1", "10.0.0.2:1", "192.168.1.1:1", "10.0.0.1:1"} {
+		r := newRequest("/", peer)
+		r.Header.Set("X-Forwarded-For", "198.51.100.1")
+		serve(h, r)
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "level=WARN"), logs.String())
+}
