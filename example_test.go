@@ -126,3 +126,32 @@ func ExampleMemoryKV() {
 	// 204 429
 	// 204
 }
+
+// A DenyHandler writes the 429 of an API in its own format; the rate-limit headers and
+// Retry-After are already set when it runs.
+func ExampleOptions_denyHandler() {
+	now := time.Date(2026, 1, 2, 3, 4, 30, 0, time.UTC)
+	limiter, err := ratelimit.New(ratelimit.Options{
+		Scope: "api", Max: 1, Window: time.Minute,
+		Store: ratelimit.NewMemoryKV(ratelimit.WithClock(func() time.Time { return now })),
+		DenyHandler: func(w http.ResponseWriter, _ *http.Request, res ratelimit.Result) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprintf(w, `{"error":"rate_limited","retry_after_seconds":%d}`+"\n", int(res.RetryAfter.Seconds()))
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	handler := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, `{"ok":true}`)
+	}))
+	for range 2 {
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/items", nil))
+		fmt.Print(rec.Code, " ", rec.Header().Get("Retry-After"), " ", rec.Body.String())
+	}
+	// Output:
+	// 200  {"ok":true}
+	// 429 30 {"error":"rate_limited","retry_after_seconds":30}
+}

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -10,9 +11,15 @@ import (
 
 // Handler is the middleware: it counts each request, sets the rate-limit headers, and passes the
 // request to next, or answers 429 (or 503 when the store fails and FailClosed is set). A disabled
-// layer, or one without a store, returns next itself.
+// layer, or one without a store, returns next itself; so does a nil or zero Limiter, which New
+// did not build, after logging an error.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
-	if l.passAll {
+	if l == nil || l.keyPrefix == "" {
+		slog.Error("ratelimit: Handler of a Limiter that New did not build (nil, or a zero value): " +
+			"it limits nothing; build layers with New or NewLayers")
+		return next
+	}
+	if !l.counting {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -166,12 +166,14 @@ type Limiter struct {
 	keyPrefix string // "ratelimit:{scope}:"
 	v6Bits    int
 
-	passAll bool // disabled or without a store: the middleware is the next handler itself
-	mem     *MemoryKV
-	memNow  bool // the layer and mem both read the system clock, so the layer's reading serves mem
-	counter Counter
-	kv      KV
-	denied  *MemoryKV // clients over the limit, so a remote store is not asked again this window
+	// counting is set by New for an enabled layer with a store. A disabled layer, one without a
+	// store, and a Limiter not built by New pass every request: the middleware is next itself.
+	counting bool
+	mem      *MemoryKV
+	memNow   bool // the layer and mem both read the system clock, so the layer's reading serves mem
+	counter  Counter
+	kv       KV
+	denied   *MemoryKV // clients over the limit, so a remote store is not asked again this window
 
 	clientIP     ClientIPFunc
 	remoteAddrIP bool // clientIP is the default, RemoteAddrIP, which has a fast path
@@ -298,12 +300,11 @@ func New(opts Options) (*Limiter, error) {
 
 	switch {
 	case opts.Max <= 0:
-		l.passAll = true
 		l.log().Info("ratelimit: layer disabled because its max is zero or less", "scope", opts.Scope)
 	case isNil(opts.Store):
-		l.passAll = true
 		l.log().Warn("ratelimit: no store configured; the layer fails open and lets every request through", "scope", opts.Scope)
 	default:
+		l.counting = true
 		l.kv = opts.Store
 		if mem, ok := opts.Store.(*MemoryKV); ok {
 			if err := mem.claimScope(opts.Scope, opts.Window); err != nil {
@@ -350,6 +351,9 @@ func (l *Limiter) Scope() string { return l.scope }
 
 // Allow decides whether r may proceed. It is shorthand for AllowAt(r, now) with the layer's clock.
 func (l *Limiter) Allow(r *http.Request) (Result, error) {
+	if !l.counting {
+		return Result{Allowed: true}, nil // and a zero Limiter has no clock
+	}
 	sec, nsec := l.unixNow()
 	return l.allowAt(r, sec, nsec, l.memNow, nil)
 }
@@ -383,7 +387,7 @@ func (l *Limiter) unixNow() (sec, nsec int64) {
 // the lookup misses the processor's caches, and the header work then runs while the counter is
 // fetched.
 func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *responseHeaders) (Result, error) {
-	if l.passAll || !l.countAll && !l.filter.match(r.URL) {
+	if !l.counting || !l.countAll && !l.filter.match(r.URL) {
 		return Result{Allowed: true}, nil
 	}
 	var buf [128]byte // the longest key: 10 + 64 (scope) + 1 + 39 (IPv6) bytes

@@ -899,3 +899,30 @@ func TestDefaultLoggerIsReadWhenLogging(t *testing.T) {
 	serve(l.Handler(okHandler), newRequest("/", "192.0.2.1:1"))
 	require.Contains(t, logs.String(), "store problem")
 }
+
+// TestUnbuiltLimiterPassesRequests: a nil or zero Limiter, or zero Layers, is a mistake in the
+// program (New builds layers), but serving requests through one must not panic: they pass
+// unlimited, and mounting one logs an error.
+func TestUnbuiltLimiterPassesRequests(t *testing.T) {
+	var logs bytes.Buffer
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+
+	var zero Limiter
+	var layers Layers
+	for name, h := range map[string]http.Handler{
+		"zero Limiter": zero.Handler(okHandler),
+		"nil Limiter":  (*Limiter)(nil).Handler(okHandler),
+		"zero Layers":  layers.Handler(okHandler),
+	} {
+		for range 3 {
+			require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.1:1")).Code, name)
+		}
+	}
+	require.Equal(t, 4, strings.Count(logs.String(), "level=ERROR"), logs.String()) // one per Limiter mounted
+	require.Contains(t, logs.String(), "Limiter that New did not build")
+
+	res, err := zero.Allow(newRequest("/", "192.0.2.1:1"))
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+}
