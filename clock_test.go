@@ -229,3 +229,15 @@ func TestLayerReadsTheMemoryKVsInjectedClock(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 50*time.Second, res.Reset, "Options.Now wins")
 }
+
+// TestInjectedClockIsReadOncePerRequest: a layer on a MemoryKV's injected clock reads it once a
+// request, and the store takes that reading instead of reading the clock again.
+func TestInjectedClockIsReadOncePerRequest(t *testing.T) {
+	var reads int
+	mem := NewMemoryKV(WithClock(func() time.Time { reads++; return time.Unix(1_800_000_000, 0) }))
+	h := newLimiter(t, Options{Scope: "api", Max: 5, Window: time.Minute, Store: mem}).Handler(okHandler)
+	serve(h, newRequest("/", "192.0.2.1:1"))
+	reads = 0
+	serve(h, newRequest("/", "192.0.2.1:1"))
+	require.Equal(t, 1, reads)
+}

@@ -169,14 +169,15 @@ func NewLayers(cfg Config) (*Layers, error) {
 	if cfg.Auth.Scope == "" && cfg.Global.Scope == "" && cfg.Auth.Max == 0 && cfg.Global.Max == 0 {
 		return nil, errors.New("ratelimit: NewLayers got an empty Config: start from DefaultConfig, or check the error of ConfigFromEnv, which returns an empty Config with it")
 	}
+	var sameScope error
 	if cfg.Auth.Scope == cfg.Global.Scope && cfg.Auth.Max > 0 && cfg.Global.Max > 0 {
 		// On one store they would share counters (an auth request counted twice in one), and a
 		// client could not tell their RateLimit headers apart.
-		return nil, fmt.Errorf("ratelimit: the auth and global layers both have scope %q: give each a scope of its own", cfg.Auth.Scope)
+		sameScope = fmt.Errorf("ratelimit: the auth and global layers both have scope %q: give each a scope of its own", cfg.Auth.Scope)
 	}
 	auth, authErr := New(cfg.Auth)
 	global, globalErr := New(cfg.Global)
-	if err := errors.Join(authErr, globalErr); err != nil {
+	if err := errors.Join(sameScope, authErr, globalErr); err != nil {
 		return nil, err
 	}
 	return &Layers{Auth: auth, Global: global}, nil
@@ -185,5 +186,8 @@ func NewLayers(cfg Config) (*Layers, error) {
 // Handler mounts both layers on one handler: global outside, auth inside. Because the auth layer
 // counts only its own paths, this is the same as mounting auth on the auth routes alone.
 func (l *Layers) Handler(next http.Handler) http.Handler {
+	if l == nil { // what NewLayers returns with an error
+		return (*Limiter)(nil).Handler(next)
+	}
 	return l.Global.Handler(l.Auth.Handler(next))
 }

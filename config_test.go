@@ -137,3 +137,14 @@ func TestNewLayersRefusesAnEmptyConfig(t *testing.T) {
 	_, err = NewLayers(cfg)
 	require.EqualError(t, err, "ratelimit: NewLayers got an empty Config: start from DefaultConfig, or check the error of ConfigFromEnv, which returns an empty Config with it")
 }
+
+// TestNewLayersReportsOneScopeWithTheOtherProblems: the shared scope is reported together with
+// the layers' own problems, not instead of them.
+func TestNewLayersReportsOneScopeWithTheOtherProblems(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Auth.Scope, cfg.Global.Scope = "api", "api"
+	cfg.Auth.Paths = []string{"login"}
+	_, err := NewLayers(cfg)
+	require.ErrorContains(t, err, `both have scope "api"`)
+	require.ErrorContains(t, err, `path pattern "login" must start with "/"`)
+}

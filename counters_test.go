@@ -1,11 +1,14 @@
 package ratelimit
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -557,17 +560,37 @@ func allowed(t *testing.T, l *Limiter, remoteAddr string) bool {
 	return res.Allowed
 }
 
-// TestMemoryKVRefusesASecondWindowForAScope: layers of one scope in one MemoryKV share counters,
-// which keep one window at a time, so New refuses a second window length for a scope there. The
-// same window (shared counters, as documented), another scope or another store is accepted.
-func TestMemoryKVRefusesASecondWindowForAScope(t *testing.T) {
+// TestMemoryKVWarnsOfASecondWindowForAScope: layers of one scope in one MemoryKV share counters,
+// which keep one window at a time, so New warns when a scope gets another window length there;
+// the same window (shared counters, as documented), another scope, another store or a disabled
+// layer is quiet. It does not refuse: a reload builds the new layers while the old ones exist.
+func TestMemoryKVWarnsOfASecondWindowForAScope(t *testing.T) {
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	m := NewMemoryKV()
-	newLimiter(t, Options{Scope: "api", Max: 100, Window: 10 * time.Second, Store: m})
-	newLimiter(t, Options{Scope: "api", Max: 20, Window: 10 * time.Second, Store: m})
-	newLimiter(t, Options{Scope: "api-minute", Max: 20, Window: time.Minute, Store: m})
-	newLimiter(t, Options{Scope: "api", Max: 20, Window: time.Minute, Store: NewMemoryKV()})
-	newLimiter(t, Options{Scope: "api", Max: 0, Window: time.Minute, Store: m}) // disabled: counts nothing
+	build := func(scope string, max int, window time.Duration, store KV) {
+		newLimiter(t, Options{Scope: scope, Max: max, Window: window, Store: store, Logger: logger})
+	}
+	build("api", 100, 10*time.Second, m)
+	build("api", 20, 10*time.Second, m)
+	build("api-minute", 20, time.Minute, m)
+	build("api", 20, time.Minute, NewMemoryKV())
+	build("api", 0, time.Minute, m) // disabled: counts nothing
+	require.NotContains(t, logs.String(), "level=WARN")
 
-	_, err := New(Options{Scope: "api", Max: 20, Window: time.Minute, Store: m})
-	require.ErrorContains(t, err, `layer "api": another layer counts scope "api" in this MemoryKV in windows of 10s, not 1m0s`)
+	build("api", 20, time.Minute, m)
+	require.Equal(t, 1, strings.Count(logs.String(), "level=WARN"), logs.String())
+	require.Contains(t, logs.String(), "another window")
+	require.Contains(t, logs.String(), "scope=api window=1m0s earlier_window=10s")
+
+	// A reload that changes a window on a long-lived store succeeds.
+	cfg := DefaultConfig()
+	cfg.Auth.Store, cfg.Global.Store = m, m
+	cfg.Auth.Logger, cfg.Global.Logger = logger, logger
+	_, err := NewLayers(cfg)
+	require.NoError(t, err)
+	cfg.Global.Window = 2 * time.Minute
+	_, err = NewLayers(cfg)
+	require.NoError(t, err)
+	require.Contains(t, logs.String(), "scope=global window=2m0s earlier_window=1m0s")
 }

@@ -137,7 +137,9 @@ func ExampleOptions_denyHandler() {
 		DenyHandler: func(w http.ResponseWriter, _ *http.Request, res ratelimit.Result) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
-			fmt.Fprintf(w, `{"error":"rate_limited","retry_after_seconds":%d}`+"\n", int(res.RetryAfter.Seconds()))
+			// Retry-After holds res.RetryAfter rounded up to whole seconds, at least 1.
+			fmt.Fprintf(w, `{"error":"rate_limited","limit":%d,"retry_after_seconds":%s}`+"\n",
+				res.Limit, w.Header().Get("Retry-After"))
 		},
 	})
 	if err != nil {
@@ -153,5 +155,5 @@ func ExampleOptions_denyHandler() {
 	}
 	// Output:
 	// 200  {"ok":true}
-	// 429 30 {"error":"rate_limited","retry_after_seconds":30}
+	// 429 30 {"error":"rate_limited","limit":1,"retry_after_seconds":30}
 }

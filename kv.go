@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -76,21 +75,19 @@ type MemoryKV struct {
 	scopes     map[string]time.Duration // the window of each scope a layer counts in here
 }
 
-// claimScope records that a layer counts scope's clients here in windows of window, or reports
-// that another layer already does in windows of another length: they would share counters that
-// keep one window at a time, and reset each other's.
-func (m *MemoryKV) claimScope(scope string, window time.Duration) error {
+// claimScope records that a layer counts scope's clients here in windows of window, and returns
+// the window of the layer of that scope built here before it, if another: the two share counters
+// that keep one window at a time. The store cannot tell whether that layer is still in use (a
+// reload replaces it), so the newest window is kept, and the caller warns.
+func (m *MemoryKV) claimScope(scope string, window time.Duration) (earlier time.Duration, changed bool) {
 	m.scopesMu.Lock()
 	defer m.scopesMu.Unlock()
-	if w, ok := m.scopes[scope]; ok && w != window {
-		return fmt.Errorf("another layer counts scope %q in this MemoryKV in windows of %v, not %v, "+
-			"and would share its counters: give each layer a scope of its own", scope, w, window)
-	}
+	earlier, ok := m.scopes[scope]
 	if m.scopes == nil {
 		m.scopes = make(map[string]time.Duration)
 	}
 	m.scopes[scope] = window
-	return nil
+	return earlier, ok && earlier != window
 }
 
 // MemoryOption configures a [MemoryKV] built by [NewMemoryKV].

@@ -30,28 +30,27 @@ func newProxyWarning() *proxyWarning {
 }
 
 // throughProxy returns the first forwarding header that shows r came through a proxy, or "".
+// A peer that is no IP address (a Unix socket) is local: only a proxy of the operator's sends
+// through it.
 func (w *proxyWarning) throughProxy(r *http.Request) string {
-	peer, ok := RemoteAddrIP(r)
-	if !ok {
+	peer, ok := RemoteAddrIP(r) // IPv4-mapped addresses come unmapped
+	if !ok || peer.IsLoopback() || peer.IsPrivate() || sharedAddressSpace.Contains(peer) {
+		for _, name := range forwardingHeaders {
+			if len(r.Header[name]) > 0 {
+				return name
+			}
+		}
 		return ""
 	}
-	peer = peer.Unmap()
-	if w.cloudflare.contains(peer) && len(r.Header["Cf-Connecting-Ip"]) > 0 {
+	if len(r.Header["Cf-Connecting-Ip"]) > 0 && w.cloudflare.contains(peer) {
 		return "CF-Connecting-IP"
 	}
-	if !peer.IsLoopback() && !peer.IsPrivate() && !sharedAddressSpace.Contains(peer) {
-		return "" // a client on the internet, whose headers are its own to forge
-	}
-	for _, name := range forwardingHeaders {
-		if len(r.Header[name]) > 0 {
-			return name
-		}
-	}
-	return ""
+	return "" // a client on the internet, whose headers are its own to forge
 }
 
-// warnIfThroughProxy logs the warning for r, at most once per layer. The layer calls it only
-// when it meets a client it holds no count for, so that a known client's request pays nothing.
+// warnIfThroughProxy logs the warning for r, at most once per layer. The layer calls it only for
+// a client's first request in a window and for the one that spends its budget, which a proxy's
+// shared key soon reaches, so that other requests pay two comparisons.
 func (l *Limiter) warnIfThroughProxy(r *http.Request) {
 	if l.proxyWarning == nil || l.proxyWarned.Load() {
 		return

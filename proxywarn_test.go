@@ -17,29 +17,43 @@ import (
 // sends none, or a layer that already trusts proxies, gets no warning.
 func TestWarnsOnceAboutAnIgnoredProxy(t *testing.T) {
 	cloudflareEdge := CloudflareRanges()[0].Addr().Next().String()
+	var cloudflareEdge6 string
+	for _, p := range CloudflareRanges() {
+		if p.Addr().Is6() {
+			cloudflareEdge6 = "[" + p.Addr().Next().String() + "]"
+			break
+		}
+	}
 	for _, tc := range []struct {
-		name     string
-		peer     string
-		header   string
-		trusted  bool // the layer trusts proxies: no warning
-		remote   bool // the layer counts in a remote store
-		wantWarn string
+		name      string
+		peer      string
+		header    string
+		firstBare bool // the first request carries no forwarding header (a health check)
+		trusted   bool // the layer trusts proxies: no warning
+		remote    bool // the layer counts in a remote store
+		wantWarn  string
 	}{
-		{"ingress on a private network", "10.1.2.3:5000", "X-Forwarded-For", false, false, "X-Forwarded-For"},
-		{"reverse proxy on this host", "127.0.0.1:5000", "X-Real-Ip", false, false, "X-Real-Ip"},
-		{"IPv6 loopback, Forwarded", "[::1]:5000", "Forwarded", false, false, "Forwarded"},
-		{"load balancer in shared address space", "100.64.0.9:5000", "X-Forwarded-For", false, false, "X-Forwarded-For"},
-		{"Cloudflare's edge", cloudflareEdge + ":443", "Cf-Connecting-Ip", false, false, "CF-Connecting-IP"},
-		{"remote store", "10.1.2.3:5000", "X-Forwarded-For", false, true, "X-Forwarded-For"},
-		{"internet client forging the header", "203.0.113.7:5000", "X-Forwarded-For", false, false, ""},
-		{"internet client forging CF-Connecting-IP", "203.0.113.7:5000", "Cf-Connecting-Ip", false, false, ""},
-		{"private peer without forwarding headers", "10.1.2.3:5000", "", false, false, ""},
-		{"layer that trusts its proxies", "10.1.2.3:5000", "X-Forwarded-For", true, false, ""},
+		{"ingress on a private network", "10.1.2.3:5000", "X-Forwarded-For", false, false, false, "X-Forwarded-For"},
+		{"reverse proxy on this host", "127.0.0.1:5000", "X-Real-Ip", false, false, false, "X-Real-Ip"},
+		{"IPv6 loopback, Forwarded", "[::1]:5000", "Forwarded", false, false, false, "Forwarded"},
+		{"IPv4-mapped private peer", "[::ffff:10.1.2.3]:5000", "True-Client-Ip", false, false, false, "True-Client-Ip"},
+		{"load balancer in shared address space", "100.64.0.9:5000", "X-Forwarded-For", false, false, false, "X-Forwarded-For"},
+		{"Unix socket", "@", "X-Forwarded-For", false, false, false, "X-Forwarded-For"},
+		{"no RemoteAddr", "", "X-Forwarded-For", false, false, false, "X-Forwarded-For"},
+		{"Cloudflare's edge", cloudflareEdge + ":443", "Cf-Connecting-Ip", false, false, false, "CF-Connecting-IP"},
+		{"Cloudflare's edge, IPv6", cloudflareEdge6 + ":443", "Cf-Connecting-Ip", false, false, false, "CF-Connecting-IP"},
+		{"a health check first, then the budget spent", "10.1.2.3:5000", "X-Forwarded-For", true, false, false, "X-Forwarded-For"},
+		{"remote store", "10.1.2.3:5000", "X-Forwarded-For", false, false, true, "X-Forwarded-For"},
+		{"remote store, a health check first", "10.1.2.3:5000", "X-Forwarded-For", true, false, true, "X-Forwarded-For"},
+		{"internet client forging the header", "203.0.113.7:5000", "X-Forwarded-For", false, false, false, ""},
+		{"internet client forging CF-Connecting-IP", "203.0.113.7:5000", "Cf-Connecting-Ip", false, false, false, ""},
+		{"private peer without forwarding headers", "10.1.2.3:5000", "", false, false, false, ""},
+		{"layer that trusts its proxies", "10.1.2.3:5000", "X-Forwarded-For", false, true, false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs bytes.Buffer
 			opts := Options{
-				Scope: "global", Max: 100, Window: time.Minute, Store: NewMemoryKV(),
+				Scope: "global", Max: 3, Window: time.Minute, Store: NewMemoryKV(),
 				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 			}
 			if tc.remote {
@@ -51,9 +65,9 @@ func TestWarnsOnceAboutAnIgnoredProxy(t *testing.T) {
 				opts.ClientIP = proxies.ClientIP
 			}
 			h := newLimiter(t, opts).Handler(okHandler)
-			for i := range 3 { // three clients behind the peer, each new to the layer
+			for i := range 3 { // the budget: the peer's first request, and the one that spends it
 				r := newRequest("/", tc.peer)
-				if tc.header != "" {
+				if tc.header != "" && !(tc.firstBare && i == 0) {
 					r.Header.Set(tc.header, "198.51.100."+string(rune('1'+i)))
 				}
 				require.Equal(t, http.StatusOK, serve(h, r).Code)

@@ -71,8 +71,8 @@ type Options struct {
 	// Scope names the layer in its store keys ("ratelimit:{Scope}:{client}") and in its
 	// headers. Required: 1 to 64 letters, digits, '-', '_' or '.'. Layers that share a store and
 	// a scope share their counters, as in the seed: give each layer a scope of its own, or the
-	// same Window, since a counter keeps one window at a time. New refuses a second window for a
-	// scope in one [MemoryKV]; other stores cannot tell.
+	// same Window, since a counter keeps one window at a time. New logs a warning when a layer's
+	// scope had another window in the same [MemoryKV]; other stores cannot tell.
 	Scope string
 	// Max is how many requests one client may make per window. Zero or less disables the
 	// layer: every request passes, uncounted.
@@ -93,9 +93,10 @@ type Options struct {
 	Store KV
 	// ClientIP finds the client's address. Default: [RemoteAddrIP], which believes no header.
 	// With the default, the layer logs one warning when a request from a loopback, private or
-	// shared (100.64.0.0/10) address, or from Cloudflare with CF-Connecting-IP, carries a
-	// forwarding header: behind such a proxy every client shares the proxy's budget, and
-	// [TrustedProxies] is the fix.
+	// shared (100.64.0.0/10) address or a Unix socket, or from Cloudflare with
+	// CF-Connecting-IP, carries a forwarding header (it looks at a client's first request in a
+	// window and at the one that spends its budget): behind such a proxy every client shares the
+	// proxy's budget, and [TrustedProxies] is the fix.
 	ClientIP ClientIPFunc
 	// IPv6PrefixBits is how many leading bits of an IPv6 address identify one client, since one
 	// subscriber usually holds a whole /64. Default 64; 128 counts every address on its own.
@@ -142,7 +143,7 @@ type Result struct {
 	// Remaining is how many more requests the client may make in this window.
 	Remaining int
 	// Reset is the time left until the current window ends and the count starts again. With
-	// the default clock it is whole seconds (see [Options.Now]).
+	// the system clock, the default, it is whole seconds (see [Options.Now]).
 	Reset time.Duration
 	// RetryAfter is how long a denied client should wait; zero when Allowed.
 	RetryAfter time.Duration
@@ -170,7 +171,7 @@ type Limiter struct {
 	// store, and a Limiter not built by New pass every request: the middleware is next itself.
 	counting bool
 	mem      *MemoryKV
-	memNow   bool // the layer and mem both read the system clock, so the layer's reading serves mem
+	memNow   bool // the layer reads mem's clock (the system's, or mem's injected one): its reading serves mem
 	counter  Counter
 	kv       KV
 	denied   *MemoryKV // clients over the limit, so a remote store is not asked again this window
@@ -307,12 +308,17 @@ func New(opts Options) (*Limiter, error) {
 		l.counting = true
 		l.kv = opts.Store
 		if mem, ok := opts.Store.(*MemoryKV); ok {
-			if err := mem.claimScope(opts.Scope, opts.Window); err != nil {
-				return nil, fmt.Errorf("ratelimit: layer %q: %w", opts.Scope, err)
+			if earlier, changed := mem.claimScope(opts.Scope, opts.Window); changed {
+				l.log().Warn("ratelimit: a layer of this scope was built on this MemoryKV with another window; "+
+					"they share counters, which keep one window at a time, so if both count, each resets the other's "+
+					"counts: give each layer a scope of its own (if this layer replaces the other, a reload, its counts restart)",
+					"scope", opts.Scope, "window", opts.Window, "earlier_window", earlier)
 			}
 			l.mem = mem
-			l.memNow = opts.Now == nil && mem.now == nil
-			if l.memNow {
+			// The layer's reading of the clock serves the store too: both read the system
+			// clock, or both the store's injected one.
+			l.memNow = opts.Now == nil
+			if l.memNow && mem.now == nil {
 				l.clock = &mem.layerClock
 			}
 		} else {
@@ -347,11 +353,16 @@ func checkScope(scope string) error {
 }
 
 // Scope returns the layer's scope.
-func (l *Limiter) Scope() string { return l.scope }
+func (l *Limiter) Scope() string {
+	if l == nil {
+		return ""
+	}
+	return l.scope
+}
 
 // Allow decides whether r may proceed. It is shorthand for AllowAt(r, now) with the layer's clock.
 func (l *Limiter) Allow(r *http.Request) (Result, error) {
-	if !l.counting {
+	if l == nil || !l.counting {
 		return Result{Allowed: true}, nil // and a zero Limiter has no clock
 	}
 	sec, nsec := l.unixNow()
@@ -365,6 +376,9 @@ func (l *Limiter) Allow(r *http.Request) (Result, error) {
 // after a store failure it is uncounted and Allowed unless [Options.FailClosed] is set, and after
 // a corrupt value the request counts as the first of a fresh window.
 func (l *Limiter) AllowAt(r *http.Request, now time.Time) (Result, error) {
+	if l == nil {
+		return Result{Allowed: true}, nil
+	}
 	return l.allowAt(r, now.Unix(), int64(now.Nanosecond()), false, nil)
 }
 
@@ -379,8 +393,8 @@ func (l *Limiter) unixNow() (sec, nsec int64) {
 
 // allowAt is AllowAt at sec seconds and nsec nanoseconds (0 to 999,999,999) of Unix time, a
 // form that holds any time.Time without overflow. memNow tells that the time was read from the
-// system clock, which is also the MemoryKV's clock, so that the store need not read the clock
-// again (a time.Now costs about as much as the rest of the MemoryKV path).
+// MemoryKV's own clock (the system clock, or the store's injected one), so that the store need
+// not read the clock again (a time.Now costs about as much as the rest of the MemoryKV path).
 //
 // When early holds a header map, a request counted in a MemoryKV starts on its headers
 // (startHeaders) between the lookup of its counter and the count: for a client not seen lately
@@ -409,9 +423,6 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 	reset := time.Duration((start+l.windowSec-sec)*int64(time.Second) - nsec)
 	if l.mem != nil {
 		c := l.mem.findCounter(counterKeyOfBytes(l.mem.seedsOf(), key))
-		if c.e == nil {
-			l.warnIfThroughProxy(r)
-		}
 		if early != nil && early.h != nil {
 			l.startHeaders(early)
 		}
@@ -425,9 +436,12 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 		if c.e != nil && c.e.exhausted(full, now) {
 			return l.result(l.max+1, reset), nil
 		}
-		return l.result(l.mem.incrementFound(c, start*int64(time.Second), l.ttl, now, full), reset), nil
+		n := l.mem.incrementFound(c, start*int64(time.Second), l.ttl, now, full)
+		if n == 1 || n == l.max {
+			l.warnIfThroughProxy(r)
+		}
+		return l.result(n, reset), nil
 	}
-	l.warnIfThroughProxy(r) // a remote store's count costs far more than this look
 	deniedKey := counterKeyOfBytes(l.denied.seedsOf(), key)
 	// Windows in Unix nanoseconds, as every MemoryKV counter keeps them.
 	if _, denied := l.denied.peek(deniedKey, start*int64(time.Second)); denied {
@@ -441,6 +455,9 @@ func (l *Limiter) allowAt(r *http.Request, sec, nsec int64, memNow bool, early *
 	count, err := l.count(ctx, string(key), start)
 	if errors.Is(err, ErrStoreFailed) {
 		return Result{Allowed: !l.failClosed}, err
+	}
+	if count == 1 || count == l.max {
+		l.warnIfThroughProxy(r)
 	}
 	res := l.result(count, reset)
 	if !res.Allowed {

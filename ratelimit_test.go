@@ -910,19 +910,27 @@ func TestUnbuiltLimiterPassesRequests(t *testing.T) {
 
 	var zero Limiter
 	var layers Layers
+	var nilLayers *Layers // as NewLayers returns it with an error
 	for name, h := range map[string]http.Handler{
 		"zero Limiter": zero.Handler(okHandler),
 		"nil Limiter":  (*Limiter)(nil).Handler(okHandler),
 		"zero Layers":  layers.Handler(okHandler),
+		"nil Layers":   nilLayers.Handler(okHandler),
 	} {
 		for range 3 {
 			require.Equal(t, http.StatusOK, serve(h, newRequest("/", "192.0.2.1:1")).Code, name)
 		}
 	}
-	require.Equal(t, 4, strings.Count(logs.String(), "level=ERROR"), logs.String()) // one per Limiter mounted
+	require.Equal(t, 5, strings.Count(logs.String(), "level=ERROR"), logs.String()) // one per Limiter mounted
 	require.Contains(t, logs.String(), "Limiter that New did not build")
 
-	res, err := zero.Allow(newRequest("/", "192.0.2.1:1"))
-	require.NoError(t, err)
-	require.True(t, res.Allowed)
+	for _, l := range []*Limiter{&zero, nil} {
+		res, err := l.Allow(newRequest("/", "192.0.2.1:1"))
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		res, err = l.AllowAt(newRequest("/", "192.0.2.1:1"), time.Now())
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		require.Empty(t, l.Scope())
+	}
 }
