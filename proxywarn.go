@@ -13,8 +13,8 @@ var forwardingHeaders = [...]string{"X-Forwarded-For", "Forwarded", "X-Real-Ip",
 var sharedAddressSpace = netip.MustParsePrefix("100.64.0.0/10")
 
 // proxyWarning watches a layer that keys clients by [RemoteAddrIP] for requests that came
-// through a proxy: from a loopback, private or shared-space peer, or from Cloudflare's edge with
-// CF-Connecting-IP, carrying forwarding headers the layer ignores. Every client behind that proxy
+// through a proxy: from a loopback, private or shared-space peer or a Unix socket, or from
+// Cloudflare's edge with CF-Connecting-IP, carrying forwarding headers the layer ignores. Every client behind that proxy
 // shares one budget, which its operator wants to know before it takes the site down; the layer
 // says so once.
 type proxyWarning struct {
