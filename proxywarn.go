@@ -33,6 +33,9 @@ func newProxyWarning() *proxyWarning {
 // A peer that is no IP address (a Unix socket) is local: only a proxy of the operator's sends
 // through it.
 func (w *proxyWarning) throughProxy(r *http.Request) string {
+	if publicPeer(r.RemoteAddr) && len(r.Header["Cf-Connecting-Ip"]) == 0 {
+		return "" // the common case, a client on the internet, without parsing its address
+	}
 	peer, ok := RemoteAddrIP(r) // IPv4-mapped addresses come unmapped
 	if !ok || peer.IsLoopback() || peer.IsPrivate() || sharedAddressSpace.Contains(peer) {
 		for _, name := range forwardingHeaders {
@@ -46,6 +49,46 @@ func (w *proxyWarning) throughProxy(r *http.Request) string {
 		return "CF-Connecting-IP"
 	}
 	return "" // a client on the internet, whose headers are its own to forge
+}
+
+// publicPeer reports, from the first characters of addr (a RemoteAddr), that it is an IPv4
+// address outside the loopback, private and shared ranges, or a global unicast IPv6 address
+// (2000::/3). False means only "look closer".
+func publicPeer(addr string) bool {
+	if len(addr) > 1 && addr[0] == '[' {
+		return addr[1] == '2' || addr[1] == '3'
+	}
+	a, rest, ok := leadingOctet(addr)
+	if !ok {
+		return false
+	}
+	b, _, ok := leadingOctet(rest)
+	if !ok {
+		return false
+	}
+	switch {
+	case a == 10, a == 127, a == 0:
+		return false
+	case a == 172:
+		return b < 16 || b > 31
+	case a == 192:
+		return b != 168
+	case a == 100:
+		return b < 64 || b > 127
+	}
+	return a <= 255
+}
+
+// leadingOctet reads a decimal number of 1 to 3 digits and the dot after it from s.
+func leadingOctet(s string) (n int, rest string, ok bool) {
+	i := 0
+	for ; i < len(s) && i < 3 && '0' <= s[i] && s[i] <= '9'; i++ {
+		n = n*10 + int(s[i]-'0')
+	}
+	if i == 0 || i == len(s) || s[i] != '.' {
+		return 0, "", false
+	}
+	return n, s[i+1:], true
 }
 
 // warnIfThroughProxy logs the warning for r, at most once per layer. The layer calls it only for

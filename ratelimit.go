@@ -310,8 +310,9 @@ func New(opts Options) (*Limiter, error) {
 		if mem, ok := opts.Store.(*MemoryKV); ok {
 			if earlier, changed := mem.claimScope(opts.Scope, opts.Window); changed {
 				l.log().Warn("ratelimit: a layer of this scope was built on this MemoryKV with another window; "+
-					"they share counters, which keep one window at a time, so if both count, each resets the other's "+
-					"counts: give each layer a scope of its own (if this layer replaces the other, a reload, its counts restart)",
+					"they share counters, which keep one window at a time, so if both count, they upset each other's "+
+					"counts: give each layer a scope of its own (if this layer replaces the other, a reload, a client's "+
+					"count may restart or carry over until its next window begins)",
 					"scope", opts.Scope, "window", opts.Window, "earlier_window", earlier)
 			}
 			l.mem = mem
