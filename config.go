@@ -164,7 +164,8 @@ type Layers struct {
 	Global *Limiter
 }
 
-// NewLayers builds both layers of cfg, reporting the problems of both together.
+// NewLayers builds both layers of cfg, reporting the problems of both together. A configuration
+// it refuses logs nothing and leaves no trace in the store.
 func NewLayers(cfg Config) (*Layers, error) {
 	if cfg.Auth.Scope == "" && cfg.Global.Scope == "" && cfg.Auth.Max == 0 && cfg.Global.Max == 0 {
 		return nil, errors.New("ratelimit: NewLayers got an empty Config: start from DefaultConfig, or check the error of ConfigFromEnv, which returns an empty Config with it")
@@ -175,11 +176,13 @@ func NewLayers(cfg Config) (*Layers, error) {
 		// client could not tell their RateLimit headers apart.
 		sameScope = fmt.Errorf("ratelimit: the auth and global layers both have scope %q: give each a scope of its own", cfg.Auth.Scope)
 	}
-	auth, authErr := New(cfg.Auth)
-	global, globalErr := New(cfg.Global)
+	auth, authErr := build(cfg.Auth)
+	global, globalErr := build(cfg.Global)
 	if err := errors.Join(sameScope, authErr, globalErr); err != nil {
 		return nil, err
 	}
+	auth.start(cfg.Auth)
+	global.start(cfg.Global)
 	return &Layers{Auth: auth, Global: global}, nil
 }
 

@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"bytes"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -147,4 +149,31 @@ func TestNewLayersReportsOneScopeWithTheOtherProblems(t *testing.T) {
 	_, err := NewLayers(cfg)
 	require.ErrorContains(t, err, `both have scope "api"`)
 	require.ErrorContains(t, err, `path pattern "login" must start with "/"`)
+}
+
+// TestRejectedNewLayersLeavesNoTrace: a configuration NewLayers refuses logs nothing and records
+// no window in the store, so that the next good one, with the running window, warns of nothing.
+func TestRejectedNewLayersLeavesNoTrace(t *testing.T) {
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	store := NewMemoryKV()
+	config := func(globalWindow time.Duration, authPaths ...string) Config {
+		cfg := DefaultConfig()
+		cfg.Auth.Store, cfg.Global.Store = store, store
+		cfg.Auth.Logger, cfg.Global.Logger = logger, logger
+		cfg.Global.Window = globalWindow
+		if authPaths != nil {
+			cfg.Auth.Paths = authPaths
+		}
+		return cfg
+	}
+	_, err := NewLayers(config(time.Minute))
+	require.NoError(t, err)
+	bad := config(2*time.Minute, "login")
+	bad.Auth.Max = 0 // a disabled layer is announced only when its configuration is taken
+	_, err = NewLayers(bad)
+	require.Error(t, err)
+	_, err = NewLayers(config(time.Minute))
+	require.NoError(t, err)
+	require.Empty(t, logs.String())
 }

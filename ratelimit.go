@@ -214,6 +214,16 @@ type Limiter struct {
 // New validates opts and builds a layer. Every problem in opts is reported, joined in one error;
 // New never panics and never silently ignores a value.
 func New(opts Options) (*Limiter, error) {
+	l, err := build(opts)
+	if err != nil {
+		return nil, err
+	}
+	l.start(opts)
+	return l, nil
+}
+
+// build is New without start: it validates opts and builds the layer, and changes nothing else.
+func build(opts Options) (*Limiter, error) {
 	l := &Limiter{
 		scope:      opts.Scope,
 		max:        int64(opts.Max),
@@ -299,22 +309,10 @@ func New(opts Options) (*Limiter, error) {
 		l.allowValues = 5
 	}
 
-	switch {
-	case opts.Max <= 0:
-		l.log().Info("ratelimit: layer disabled because its max is zero or less", "scope", opts.Scope)
-	case isNil(opts.Store):
-		l.log().Warn("ratelimit: no store configured; the layer fails open and lets every request through", "scope", opts.Scope)
-	default:
+	if opts.Max > 0 && !isNil(opts.Store) {
 		l.counting = true
 		l.kv = opts.Store
 		if mem, ok := opts.Store.(*MemoryKV); ok {
-			if earlier, changed := mem.claimScope(opts.Scope, opts.Window); changed {
-				l.log().Warn("ratelimit: a layer of this scope was built on this MemoryKV with another window; "+
-					"they share counters, which keep one window at a time, so if both count, they upset each other's "+
-					"counts: give each layer a scope of its own (if this layer replaces the other, a reload, a client's "+
-					"count may restart or carry over until its next window begins)",
-					"scope", opts.Scope, "window", opts.Window, "earlier_window", earlier)
-			}
 			l.mem = mem
 			// The layer's reading of the clock serves the store too: both read the system
 			// clock, or both the store's injected one.
@@ -328,6 +326,26 @@ func New(opts Options) (*Limiter, error) {
 		}
 	}
 	return l, nil
+}
+
+// start does what a new layer does to the world outside it once it is built and valid: it says
+// what the operator should know, and records its window in its MemoryKV. [NewLayers] starts its
+// layers only once both are valid, so that a rejected configuration leaves no trace.
+func (l *Limiter) start(opts Options) {
+	switch {
+	case opts.Max <= 0:
+		l.log().Info("ratelimit: layer disabled because its max is zero or less", "scope", opts.Scope)
+	case !l.counting:
+		l.log().Warn("ratelimit: no store configured; the layer fails open and lets every request through", "scope", opts.Scope)
+	case l.mem != nil:
+		if earlier, changed := l.mem.claimScope(opts.Scope, opts.Window); changed {
+			l.log().Warn("ratelimit: a layer of this scope was built on this MemoryKV with another window; "+
+				"they share counters, which keep one window at a time, so if both count, they upset each other's "+
+				"counts: give each layer a scope of its own (if this layer replaces the other, a reload, a client's "+
+				"count may restart or carry over until its next window begins)",
+				"scope", opts.Scope, "window", opts.Window, "earlier_window", earlier)
+		}
+	}
 }
 
 // isNil reports whether store is nil or a nil pointer in a non-nil interface, such as a
