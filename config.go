@@ -181,8 +181,8 @@ func NewLayers(cfg Config) (*Layers, error) {
 	if err := errors.Join(sameScope, authErr, globalErr); err != nil {
 		return nil, err
 	}
-	auth.start(cfg.Auth)
-	global.start(cfg.Global)
+	auth.start()
+	global.start()
 	return &Layers{Auth: auth, Global: global}, nil
 }
 

@@ -218,7 +218,7 @@ func New(opts Options) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	l.start(opts)
+	l.start()
 	return l, nil
 }
 
@@ -331,19 +331,20 @@ func build(opts Options) (*Limiter, error) {
 // start does what a new layer does to the world outside it once it is built and valid: it says
 // what the operator should know, and records its window in its MemoryKV. [NewLayers] starts its
 // layers only once both are valid, so that a rejected configuration leaves no trace.
-func (l *Limiter) start(opts Options) {
+func (l *Limiter) start() {
+	window := time.Duration(l.windowSec) * time.Second
 	switch {
-	case opts.Max <= 0:
-		l.log().Info("ratelimit: layer disabled because its max is zero or less", "scope", opts.Scope)
+	case l.max <= 0:
+		l.log().Info("ratelimit: layer disabled because its max is zero or less", "scope", l.scope)
 	case !l.counting:
-		l.log().Warn("ratelimit: no store configured; the layer fails open and lets every request through", "scope", opts.Scope)
+		l.log().Warn("ratelimit: no store configured; the layer fails open and lets every request through", "scope", l.scope)
 	case l.mem != nil:
-		if earlier, changed := l.mem.claimScope(opts.Scope, opts.Window); changed {
+		if earlier, changed := l.mem.claimScope(l.scope, window); changed {
 			l.log().Warn("ratelimit: a layer of this scope was built on this MemoryKV with another window; "+
 				"they share counters, which keep one window at a time, so if both count, they upset each other's "+
 				"counts: give each layer a scope of its own (if this layer replaces the other, a reload, a client's "+
 				"count may restart or carry over until its next window begins)",
-				"scope", opts.Scope, "window", opts.Window, "earlier_window", earlier)
+				"scope", l.scope, "window", window, "earlier_window", earlier)
 		}
 	}
 }
